@@ -1,0 +1,189 @@
+"""Models with a leading ensemble dimension: every parameter is ``[n_models, ...]``.
+
+Training ``n_models`` independent heads in one batched pass is what makes
+five or more seeds per point affordable on a laptop CPU (DESIGN.md,
+"Ensembles"). Model ``i`` of an ensemble is initialised from its own
+``torch.Generator(seed_i)``, so it equals the same model built alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, asdict
+
+import torch
+from torch import Tensor, nn
+
+from ._validate import check_int, check_int_sequence, check_positive_float
+from .positional import LearnedAbsolutePE, apply_rope, check_pe, rope_inverse_frequencies
+
+ATTENTION_NAMES = ("softmax", "linear")
+
+
+def check_attention(attention: str) -> str:
+    """Return ``attention`` if it is one of :data:`ATTENTION_NAMES`, else raise ``ValueError``."""
+    if not isinstance(attention, str) or attention not in ATTENTION_NAMES:
+        raise ValueError(f"attention must be one of {ATTENTION_NAMES}; got {attention!r}")
+    return attention
+
+
+@dataclass(frozen=True)
+class RetrievalHeadConfig:
+    """Hyper-parameters of :class:`RetrievalHead` (hashable, used as a cache key)."""
+
+    vocab_size: int = 16
+    d_model: int = 32
+    d_head: int = 16
+    pe: str = "rope"
+    attention: str = "softmax"
+    max_len: int = 256
+    rope_base: float = 10000.0
+    interleaved: bool = False
+    ape_init_std: float = 0.02
+
+    def __post_init__(self):
+        check_int("vocab_size", self.vocab_size, minimum=2)
+        check_int("d_model", self.d_model, minimum=1)
+        check_int("d_head", self.d_head, minimum=1)
+        check_pe(self.pe)
+        check_attention(self.attention)
+        check_int("max_len", self.max_len, minimum=2)
+        check_positive_float("ape_init_std", self.ape_init_std, allow_zero=True)
+        if self.pe == "rope":
+            rope_inverse_frequencies(self.d_head, self.rope_base)  # validates d_head parity and base
+
+
+class RetrievalHead(nn.Module):
+    """The single attention head of the fixed-offset retrieval task (DESIGN.md).
+
+    Queries and keys see no token content: their input is a learned constant
+    vector ``u`` (plus the APE row ``p_t`` when ``pe == "ape"``). Only the
+    query at the last position ``L-1`` is read out::
+
+        RoPE:  q = R_{L-1} W_Q^T u,          k_j = R_j W_K^T u
+        APE:   q = W_Q^T (u + p_{L-1}),       k_j = W_K^T (u + p_j)
+        NoPE:  q = W_Q^T u,                   k_j = W_K^T u   (all logits equal)
+        s_j = q . k_j / sqrt(d_head),   j = 0 .. L-1 (causal: the query sees itself and all before it)
+        a = softmax(s)   or, for the linear control, a = s   (no length-dependent normaliser)
+        logits = W_O^T sum_j a_j W_V^T e(x_j)
+
+    Because the attention row does not depend on the tokens, it is computed
+    once per (model, length); the value path is a per-token table
+    ``E W_V W_O`` weighted by where each token sits.
+
+    Args:
+        vocab_size: number of content tokens V (the input vocabulary is V + 1 with ``[Q]``).
+        d_model, d_head: widths.
+        pe: ``"rope"``, ``"ape"`` or ``"nope"``.
+        attention: ``"softmax"`` or ``"linear"``.
+        max_len: rows of the APE table = longest usable sequence for APE.
+        n_models: ensemble size M.
+        seeds: ``n_models`` ints, one initialisation seed per model (default ``0 .. M-1``).
+        rope_base, interleaved: RoPE settings (see :func:`~lengthgen_utils.positional.apply_rope`).
+        ape_init_std: std of the APE table's initial rows.
+
+    Shapes:
+        ``forward(tokens [B, L] or [M, B, L])`` returns ``logits [M, B, V]`` and
+        the query's attention weights ``[M, B, L]``.
+
+    Raises:
+        ValueError / TypeError: any argument out of range (e.g. odd ``d_head`` with RoPE,
+        unknown ``pe``), at construction; a length beyond the APE table at ``forward``.
+    """
+
+    def __init__(self, vocab_size: int = 16, d_model: int = 32, d_head: int = 16, pe: str = "rope",
+                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None,
+                 rope_base: float = 10000.0, interleaved: bool = False, ape_init_std: float = 0.02):
+        super().__init__()
+        self.config = RetrievalHeadConfig(vocab_size, d_model, d_head, pe, attention, max_len,
+                                          float(rope_base), bool(interleaved), float(ape_init_std))
+        n_models = check_int("n_models", n_models, minimum=1)
+        seeds = tuple(range(n_models)) if seeds is None else check_int_sequence("seeds", seeds, minimum=0)
+        if len(seeds) != n_models:
+            raise ValueError(f"seeds must have n_models={n_models} entries; got {len(seeds)}")
+        self.seeds = seeds
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+
+        def init(*shape, std):
+            return nn.Parameter(torch.stack([torch.randn(*shape, generator=g) * std for g in gens]))
+
+        n_tokens = vocab_size + 1
+        self.embed = init(n_tokens, d_model, std=1.0)
+        self.u = init(d_model, std=1.0)
+        self.w_q = init(d_model, d_head, std=d_model ** -0.5)
+        self.w_k = init(d_model, d_head, std=d_model ** -0.5)
+        self.w_v = init(d_model, d_head, std=d_model ** -0.5)
+        self.w_o = init(d_head, vocab_size, std=d_head ** -0.5)
+        self.ape = LearnedAbsolutePE(max_len, d_model, n_models, ape_init_std, gens) if pe == "ape" else None
+
+    @property
+    def n_models(self) -> int:
+        return self.u.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.u.device
+
+    def query_key(self, seq_len: int, position_shift: int = 0) -> tuple[Tensor, Tensor]:
+        """The query at the last position and the keys at every position.
+
+        Args:
+            seq_len: L >= 1.
+            position_shift: added to every position (0 .. L-1 becomes shift .. shift+L-1).
+
+        Returns:
+            ``q [M, d_head]`` and ``k [M, L, d_head]`` with RoPE already applied.
+        """
+        seq_len = check_int("seq_len", seq_len, minimum=1)
+        position_shift = check_int("position_shift", position_shift)
+        cfg = self.config
+        positions = torch.arange(seq_len, device=self.device) + position_shift
+        if cfg.pe == "ape":
+            x = self.u[:, None, :] + self.ape(positions)  # [M, L, d_model]
+        else:
+            x = self.u[:, None, :].expand(-1, seq_len, -1)
+        q = torch.einsum("md,mdh->mh", x[:, -1], self.w_q)
+        k = torch.einsum("mld,mdh->mlh", x, self.w_k)
+        if cfg.pe == "rope":
+            q = apply_rope(q[:, None, :], positions[-1:], cfg.rope_base, cfg.interleaved)[:, 0]
+            k = apply_rope(k, positions, cfg.rope_base, cfg.interleaved)
+        return q, k
+
+    def scores(self, seq_len: int, position_shift: int = 0) -> Tensor:
+        """Attention logits ``s_j`` of the query over keys ``j = 0 .. L-1``: ``[M, L]``."""
+        q, k = self.query_key(seq_len, position_shift)
+        return torch.einsum("mh,mlh->ml", q, k) / math.sqrt(self.config.d_head)
+
+    def attention_row(self, seq_len: int, position_shift: int = 0) -> Tensor:
+        """The query's attention weights over the L keys: ``[M, L]`` (softmax or linear)."""
+        s = self.scores(seq_len, position_shift)
+        return s.softmax(-1) if self.config.attention == "softmax" else s
+
+    def value_table(self) -> Tensor:
+        """Class logits contributed by each input token at unit attention: ``E W_V W_O``, ``[M, V+1, V]``."""
+        return self.embed @ self.w_v @ self.w_o
+
+    def forward(self, tokens: Tensor, position_shift: int = 0) -> tuple[Tensor, Tensor]:
+        if not isinstance(tokens, Tensor) or tokens.dtype != torch.long:
+            raise TypeError(f"tokens must be a LongTensor [B, L] or [M, B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+        if tokens.dim() not in (2, 3) or (tokens.dim() == 3 and tokens.shape[0] != self.n_models):
+            raise ValueError(f"tokens must have shape [B, L] or [M={self.n_models}, B, L]; got {tuple(tokens.shape)}")
+        n_tokens = self.config.vocab_size + 1
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
+            raise ValueError(f"tokens must lie in [0, {n_tokens - 1}]; got values in [{int(tokens.min())}, {int(tokens.max())}]")
+        m, (b, seq_len) = self.n_models, tokens.shape[-2:]
+        attn = self.attention_row(seq_len, position_shift)  # [M, L]
+        index = tokens.expand(m, b, seq_len)
+        weights = torch.zeros(m, b, n_tokens, device=self.device, dtype=attn.dtype)
+        weights.scatter_add_(2, index, attn[:, None, :].expand(m, b, seq_len))  # attention mass per token id
+        logits = torch.bmm(weights, self.value_table())
+        return logits, attn[:, None, :].expand(m, b, seq_len)
+
+    def select(self, index: int) -> "RetrievalHead":
+        """A one-model copy of ensemble member ``index`` (for checks and plots)."""
+        index = check_int("index", index, minimum=0, maximum=self.n_models - 1)
+        cfg = asdict(self.config)
+        single = RetrievalHead(n_models=1, seeds=[self.seeds[index]], **cfg).to(self.device)
+        with torch.no_grad():
+            for (name, p_single), (_, p) in zip(single.named_parameters(), self.named_parameters()):
+                p_single.copy_(p[index : index + 1])
+        return single
