@@ -133,3 +133,47 @@ def run_retrieval(exp: RetrievalExperiment, device=None) -> RetrievalResult:
                     seed=exp.data_seed, device=device)
     acc = accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)
     return RetrievalResult(exp, model, history, lengths, acc)
+
+
+@dataclass
+class OffsetSweepResult:
+    """What :func:`run_offset_sweep` returns: one ensemble holding every (offset, seed) pair.
+
+    Model ``i`` was trained on offset ``offsets[i]`` from seed ``seeds[i]``;
+    ``accuracy`` is ``[n_models, len(lengths)]``.
+    """
+
+    experiment: RetrievalExperiment
+    model: RetrievalHead
+    offsets: list[int]
+    seeds: list[int]
+    loss_history: torch.Tensor
+    lengths: list[int]
+    accuracy: torch.Tensor
+
+    def rows(self, offset: int) -> list[int]:
+        """Indices of the models trained on ``offset``."""
+        rows = [i for i, k in enumerate(self.offsets) if k == offset]
+        if not rows:
+            raise ValueError(f"offset must be one of {sorted(set(self.offsets))}; got {offset!r}")
+        return rows
+
+
+def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), lengths=None, device=None) -> OffsetSweepResult:
+    """Train ``exp.n_seeds`` seeds for each offset in one ensemble and evaluate at ``lengths``.
+
+    ``exp.offset`` is ignored (each model gets its own offset from ``offsets``);
+    every other field of ``exp`` applies. ``lengths`` defaults to ``exp.eval_lengths``.
+    """
+    offsets = [check_int(f"offsets[{i}]", k, minimum=1, maximum=exp.train_len - 2) for i, k in enumerate(offsets)]
+    lengths = list(exp.eval_lengths if lengths is None else lengths)
+    per_model_offsets = [k for k in offsets for _ in range(exp.n_seeds)]
+    seeds = [s for _ in offsets for s in range(exp.n_seeds)]
+    tasks = [FixedOffsetRetrieval(exp.vocab_size, k) for k in per_model_offsets]
+    model = RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, exp.pe, exp.attention,
+                          max_len=max(lengths), n_models=len(tasks), seeds=seeds)
+    history = train(model, tasks, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
+                    train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
+                    seed=exp.data_seed, device=device)
+    acc = accuracy_by_length(model, tasks, lengths, n_samples=exp.eval_samples)
+    return OffsetSweepResult(exp, model, per_model_offsets, seeds, history, lengths, acc)

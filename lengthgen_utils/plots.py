@@ -150,3 +150,151 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
     fig.update_xaxes(title="optimizer step")
     fig.update_yaxes(title="training cross-entropy (nats, log scale)", type="log")
     return fig
+
+
+# --- carrier kernel (chapter 4) and dilution (chapter 5)
+
+SEED_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf"]
+
+
+def _slider(labels: list, prefix: str) -> dict:
+    """A plotly slider whose step ``i`` shows frame ``labels[i]`` (works in static HTML, no kernel)."""
+    steps = [dict(method="animate", label=str(lab),
+                  args=[[str(lab)], dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))])
+             for lab in labels]
+    return dict(active=0, currentvalue=dict(prefix=prefix), pad=dict(t=55), steps=steps)
+
+
+def kernel_slider(offsets, kernels: dict, train_len: int, title: str) -> go.Figure:
+    """The offset kernel s(D) of every seed, one slider frame per target offset k.
+
+    Args:
+        offsets: ints D ``[n]`` (x axis, key position minus query position).
+        kernels: ``{k: s [n_seeds, n]}`` logits in nats, one entry per target offset k.
+        train_len: the training length (the window ``-(train_len-1) <= D <= 0`` is shaded).
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure`` with one trace per seed, a marker at ``D = -k`` and a slider over k.
+
+    Raises:
+        ValueError: ``kernels`` is empty or an array is not ``[n_seeds, n]``.
+    """
+    if not kernels:
+        raise ValueError("kernels must hold at least one offset")
+    x = np.asarray(offsets)
+    frames, ks = [], list(kernels)
+    y_all = []
+    for k in ks:
+        s = np.asarray(kernels[k], dtype=float)
+        if s.ndim != 2 or s.shape[1] != len(x):
+            raise ValueError(f"kernels[{k}] must be [n_seeds, {len(x)}]; got {s.shape}")
+        y_all.append(s)
+        data = [go.Scatter(x=x, y=row, mode="lines", name=f"seed {i}", line=dict(color=SEED_COLORS[i % 10], width=2),
+                           hovertemplate="D=%{x}: s=%{y:.2f} nats") for i, row in enumerate(s)]
+        data.append(go.Scatter(x=[-k, -k], y=[s.min(), s.max()], mode="lines", name=f"target D = -{k}",
+                               line=dict(color="black", dash="dash", width=2)))
+        frames.append(go.Frame(data=data, name=str(k)))
+    y_lo = min(s.min() for s in y_all)
+    y_hi = max(s.max() for s in y_all)
+    pad = 0.05 * (y_hi - y_lo)
+    fig = go.Figure(data=frames[0].data, frames=frames)
+    fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
+                  annotation_text="training window", annotation_position="top left")
+    fig.update_layout(title=title, sliders=[_slider(ks, "target offset k = ")], height=FIGURE_HEIGHT + 80,
+                      margin=dict(b=120))
+    fig.update_xaxes(title="offset D = key position - query position (tokens)")
+    fig.update_yaxes(title="attention logit s(D) (nats)", range=[y_lo - pad, y_hi + pad])
+    return fig
+
+
+def carrier_spectrum_figure(periods, amplitude, variation, title: str) -> go.Figure:
+    """Per-pair amplitude r_i and window variation v_i, mean over models with min..max error bars.
+
+    Args:
+        periods: ``[P]`` period of each pair, ``2 pi / theta_i`` (tokens).
+        amplitude, variation: ``[n_models, P]`` (nats).
+    """
+    periods = np.asarray(periods, dtype=float)
+    labels = [f"{i}: {p:,.0f}" for i, p in enumerate(periods)]
+    fig = go.Figure()
+    for name, arr, color in (("amplitude r_i", amplitude, "#1f77b4"), ("variation v_i over the training window", variation, "#ff7f0e")):
+        arr = np.asarray(arr, dtype=float)
+        mean = arr.mean(0)
+        fig.add_trace(go.Bar(x=labels, y=mean, name=f"{name} (mean of {arr.shape[0]})", marker_color=color,
+                             error_y=dict(type="data", symmetric=False, array=arr.max(0) - mean,
+                                          arrayminus=mean - arr.min(0))))
+    fig.update_layout(title=title, barmode="group")
+    fig.update_xaxes(title="frequency pair i: period 2π/θ_i (tokens)")
+    fig.update_yaxes(title="nats")
+    return fig
+
+
+def reconstruction_figure(ranks, explained: dict, title: str) -> go.Figure:
+    """Fraction of the kernel's window variance kept by the top-r pairs, per offset (mean, min..max)."""
+    fig = go.Figure()
+    for i, (name, arr) in enumerate(explained.items()):
+        arr = np.asarray(arr, dtype=float)
+        mean = arr.mean(0)
+        fig.add_trace(go.Scatter(x=list(ranks), y=mean, mode="lines+markers", name=f"{name} (mean of {arr.shape[0]})",
+                                 line=dict(color=SEED_COLORS[i % 10]),
+                                 error_y=dict(type="data", symmetric=False, array=arr.max(0) - mean,
+                                              arrayminus=mean - arr.min(0))))
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="number of frequency pairs kept, r", dtick=1)
+    fig.update_yaxes(title="variance of s(D) explained in the window (fraction)", range=[0, 1.05])
+    return fig
+
+
+def alias_vs_failure(alias_distance, failure_length, labels, max_length: int, title: str) -> go.Figure:
+    """First aliasing distance of each model against the first length at which its accuracy drops.
+
+    Args:
+        alias_distance: per model, the distance d of the first near-peak key beyond the window (None: none found).
+        failure_length: per model, the first evaluated length with accuracy below threshold (None: never).
+        labels: per model hover label.
+        max_length: points with ``None`` are drawn at this value (marked "none").
+    """
+    x = [a + 1 if a is not None else max_length for a in alias_distance]
+    y = [f if f is not None else max_length for f in failure_length]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=y, mode="markers", marker=dict(size=11, color="#1f77b4", opacity=0.7),
+                             text=labels, name="one trained head",
+                             hovertemplate="%{text}<br>first length containing an alias: %{x}<br>first failing length: %{y}"))
+    fig.add_trace(go.Scatter(x=[16, max_length], y=[16, max_length], mode="lines", name="failure at the alias",
+                             line=dict(color="black", dash="dot")))
+    fig.update_layout(title=title)
+    fig.update_xaxes(title=f"first length L containing an aliasing key, d + 1 (tokens; {max_length} = none)", type="log")
+    fig.update_yaxes(title=f"first evaluated length with accuracy < 0.95 (tokens; {max_length} = none)", type="log")
+    return fig
+
+
+def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) -> go.Figure:
+    """Distractor-to-target ratio 1/p - 1 against length, one slider frame per model.
+
+    Args:
+        lengths: ``[n]`` measured lengths; measured ``[M, n]`` target mass from the model.
+        exact: ``(lengths_fine [f], p [M, f])`` exact kernel prediction on a fine grid.
+        mean_field: ``(lengths_fine [f], p [M, f])`` mean-field law from training-window quantities.
+        labels: ``[M]`` frame names (e.g. "seed 3").
+    """
+    lengths = np.asarray(lengths)
+    measured = np.asarray(measured, dtype=float)
+    fine, p_exact = np.asarray(exact[0]), np.asarray(exact[1], dtype=float)
+    fine_mf, p_mf = np.asarray(mean_field[0]), np.asarray(mean_field[1], dtype=float)
+    ratio = lambda p: 1.0 / np.clip(p, 1e-300, None) - 1.0
+    frames = []
+    for i, lab in enumerate(labels):
+        data = [go.Scatter(x=fine, y=ratio(p_exact[i]), mode="lines", name="exact kernel sum",
+                           line=dict(color="#1f77b4", width=3)),
+                go.Scatter(x=fine_mf, y=ratio(p_mf[i]), mode="lines", name="mean-field law (from the training window)",
+                           line=dict(color="#d62728", dash="dash", width=2)),
+                go.Scatter(x=lengths, y=ratio(measured[i]), mode="markers", name="measured in the model",
+                           marker=dict(color="black", size=10, symbol="circle-open", line=dict(width=2)))]
+        frames.append(go.Frame(data=data, name=str(lab)))
+    fig = go.Figure(data=frames[0].data, frames=frames)
+    fig.update_layout(title=title, sliders=[_slider(list(labels), "")], height=FIGURE_HEIGHT + 80, margin=dict(b=120))
+    fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
+    fig.update_yaxes(title="1/p - 1 (distractor / target attention, log scale)", type="log", exponentformat="power")
+    return fig
