@@ -48,3 +48,66 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
             correct += (logits.argmax(-1) == batch_targets(tasks, tokens)).sum(1).double().cpu()
         out[:, col] = correct / n_samples
     return out
+
+
+@torch.no_grad()
+def target_attention_mass(model, offset, lengths) -> Tensor:
+    """Measured attention weight of the query on the target key ``L-1-k`` at each length.
+
+    Reads the attention row the model's forward pass uses (for position-only
+    heads it is the same for every sequence of a length).
+
+    Args:
+        model: a softmax :class:`~lengthgen_utils.models.RetrievalHead` ensemble of M models.
+        offset: the target offset k (int, or M ints, one per model).
+        lengths: evaluation lengths, each ``>= k + 2``.
+
+    Returns:
+        float64 ``[M, len(lengths)]`` in [0, 1].
+    """
+    lengths = check_int_sequence("lengths", lengths, minimum=2)
+    offsets = [offset] * model.n_models if isinstance(offset, int) else list(offset)
+    if len(offsets) != model.n_models:
+        raise ValueError(f"offset must be one int or {model.n_models} ints; got {len(offsets)}")
+    offsets = [check_int("offset", k, minimum=1) for k in offsets]
+    out = torch.empty(model.n_models, len(lengths), dtype=torch.float64)
+    rows = torch.arange(model.n_models)
+    for col, seq_len in enumerate(lengths):
+        if seq_len < max(offsets) + 2:
+            raise ValueError(f"lengths[{col}]={seq_len} is too short for offset {max(offsets)} (needs >= {max(offsets) + 2})")
+        attn = model.attention_row(seq_len).double().cpu()
+        out[:, col] = attn[rows, torch.tensor([seq_len - 1 - k for k in offsets])]
+    return out
+
+
+@torch.no_grad()
+def accuracy_with_logit_scale(model, task, lengths, logit_scale, n_samples: int = 1024, seed: int = 12345) -> Tensor:
+    """Accuracy when every attention logit at length ``L`` is multiplied by ``logit_scale[L]``.
+
+    A test-time, length-aware temperature (softmax heads only): the attention row
+    becomes ``softmax(c_L s)``; the value path is the model's own.
+
+    Returns:
+        float64 ``[M, len(lengths)]``.
+    """
+    lengths = check_int_sequence("lengths", lengths, minimum=2)
+    scales = list(logit_scale)
+    if len(scales) != len(lengths):
+        raise ValueError(f"logit_scale must have one entry per length ({len(lengths)}); got {len(scales)}")
+    if model.config.attention != "softmax":
+        raise ValueError(f"accuracy_with_logit_scale needs a softmax head; got attention={model.config.attention!r}")
+    tasks = as_task_list(task, model.n_models)
+    gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
+    out = torch.empty(model.n_models, len(lengths), dtype=torch.float64)
+    table = model.value_table()
+    m, n_tokens = model.n_models, model.config.vocab_size + 1
+    for col, (seq_len, c) in enumerate(zip(lengths, scales)):
+        for t in tasks:
+            t.check_seq_len(seq_len)
+        attn = (float(c) * model.scores(seq_len)).softmax(-1)  # [M, L]
+        tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
+        weights = torch.zeros(m, n_samples, n_tokens, device=model.device, dtype=attn.dtype)
+        weights.scatter_add_(2, tokens.expand(m, -1, -1), attn[:, None, :].expand(m, n_samples, seq_len))
+        logits = torch.bmm(weights, table)
+        out[:, col] = (logits.argmax(-1) == batch_targets(tasks, tokens)).double().mean(1).cpu()
+    return out

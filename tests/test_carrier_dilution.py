@@ -1,0 +1,165 @@
+"""Tests for chapters 4 and 5: the offset kernel, carrier measures and the dilution law."""
+import math
+
+import pytest
+import torch
+
+from lengthgen_utils import analysis, theory
+from lengthgen_utils.evaluation import accuracy_by_length, accuracy_with_logit_scale, target_attention_mass
+from lengthgen_utils.models import RetrievalHead
+from lengthgen_utils.positional import rope_inverse_frequencies
+from lengthgen_utils.tasks import FixedOffsetRetrieval
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_offset_kernel_equals_model_scores(interleaved):
+    model = RetrievalHead(n_models=3, interleaved=interleaved, rope_base=500.0)
+    seq_len = 300
+    kernel = analysis.offset_kernel(model, range(-(seq_len - 1), 1))
+    with torch.no_grad():
+        scores = model.scores(seq_len).double()
+    torch.testing.assert_close(kernel, scores, atol=2e-5, rtol=0)
+
+
+def test_spectrum_gives_a_b_form():
+    model = RetrievalHead(n_models=2)
+    spec = analysis.carrier_spectrum(model)
+    a, b = spec.r * spec.phi.cos(), spec.r * spec.phi.sin()
+    d = torch.arange(-40, 1).double()
+    s = (a[:, :, None] * torch.cos(spec.theta[None, :, None] * d) + b[:, :, None] * torch.sin(spec.theta[None, :, None] * d)).sum(1)
+    torch.testing.assert_close(s, analysis.offset_kernel(model, d.long()))
+    assert spec.r.shape == (2, 8) and (spec.r >= 0).all()
+
+
+def matched_filter(offset, d_model=32, d_head=16):
+    """A head whose every pair peaks at D = -offset: q0 pair i = (1, 0), k0 pair i rotated by -theta_i k."""
+    model = RetrievalHead(n_models=1, d_model=d_model, d_head=d_head)
+    theta = rope_inverse_frequencies(d_head).float()
+    half = d_head // 2
+    q0 = torch.cat([torch.ones(half), torch.zeros(half)])
+    # phi_i = arg(zq conj(zk)) = -arg(zk) must equal -theta_i k, so arg(zk) = theta_i k
+    k0 = torch.cat([torch.cos(theta * offset), torch.sin(theta * offset)])
+    with torch.no_grad():
+        model.u.zero_()
+        model.u[0, 0] = 1.0
+        model.w_q.zero_()
+        model.w_k.zero_()
+        model.w_q[0, 0] = q0
+        model.w_k[0, 0] = k0
+    return model
+
+
+def test_matched_filter_alignment_is_one_and_peaks_at_minus_k():
+    model = matched_filter(3)
+    assert analysis.carrier_alignment(model, 3).item() == pytest.approx(1.0, abs=1e-6)
+    assert analysis.carrier_alignment(model, 3, train_len=16).item() == pytest.approx(1.0, abs=1e-6)
+    window = analysis.training_window(16)
+    assert window[analysis.offset_kernel(model, window).argmax(1)].item() == -3
+    # peak value = sum r_i = 8 pairs * 1 / sqrt(16)
+    assert analysis.offset_kernel(model, [-3]).item() == pytest.approx(2.0, abs=1e-6)
+    # one offset off: raw alignment is the mean of cos(theta_i) (0.936: the slow pairs barely notice),
+    # the variation-weighted one is lower because it discounts those slow pairs
+    raw = analysis.carrier_alignment(model, 4).item()
+    assert raw == pytest.approx(rope_inverse_frequencies(16).cos().mean().item(), abs=1e-6)
+    assert raw == pytest.approx(0.9356, abs=1e-4)
+    assert analysis.carrier_alignment(model, 4, train_len=16).item() < raw - 0.1
+
+
+def test_participation_ratio_values_and_errors():
+    pr = analysis.participation_ratio(torch.tensor([[1.0, 0, 0, 0], [1.0, 1, 1, 1], [3.0, 1, 0, 0]]))
+    torch.testing.assert_close(pr, torch.tensor([1.0, 4.0, 1.6]))
+    with pytest.raises(ValueError, match="weights must be >= 0"):
+        analysis.participation_ratio(torch.tensor([1.0, -1.0]))
+    with pytest.raises(ValueError, match="all zero"):
+        analysis.participation_ratio(torch.zeros(1, 3))
+
+
+def test_kernel_reconstruction_limits():
+    model = RetrievalHead(n_models=2)
+    full = analysis.kernel_reconstruction(model, 16, 8)
+    torch.testing.assert_close(full, torch.ones(2, dtype=torch.float64))
+    assert (analysis.kernel_reconstruction(model, 16, 0).abs() < 1e-12).all()
+    r1, r2 = analysis.kernel_reconstruction(model, 16, 1), analysis.kernel_reconstruction(model, 16, 2)
+    assert (r2 >= r1 - 1e-9).all()
+    with pytest.raises(ValueError, match="rank must be in"):
+        analysis.kernel_reconstruction(model, 16, 9)
+
+
+def test_qk_effective_rank_range():
+    ranks = analysis.qk_effective_rank(RetrievalHead(n_models=3))
+    assert ((ranks >= 1) & (ranks <= 16)).all()
+
+
+def test_first_alias_offset_definition():
+    model = RetrievalHead(n_models=4, rope_base=100.0)
+    found = analysis.first_alias_offset(model, 3, 16, 2000, tolerance=1.0)
+    s = analysis.offset_kernel(model, -torch.arange(2001))
+    for i, d in enumerate(found):
+        peak = s[i, 3]
+        if d is None:
+            assert (s[i, 16:] < peak - 1.0).all()
+        else:
+            assert d >= 16 and s[i, d] >= peak - 1.0 and (s[i, 16:d] < peak - 1.0).all()
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="pe='rope'"):
+        analysis.offset_kernel(RetrievalHead(pe="ape"), [0])
+    with pytest.raises(ValueError, match="offset must be >= 1"):
+        analysis.carrier_alignment(RetrievalHead(), 0)
+    with pytest.raises(TypeError, match="offsets must be integers"):
+        analysis.offset_kernel(RetrievalHead(), torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="must lie in"):
+        theory.exact_target_mass(torch.zeros(1, 10), 3, [11])
+    with pytest.raises(ValueError, match="rho must be finite and > 0"):
+        theory.mean_field_target_mass([10], 1.0, 0.0)
+
+
+def test_exact_mass_equals_model_attention_and_ratio():
+    model = RetrievalHead(n_models=3, rope_base=100.0)
+    lengths = [8, 16, 64, 200]
+    kernel = analysis.offset_kernel(model, -torch.arange(200))
+    exact = theory.exact_target_mass(kernel, [1, 2, 5], lengths)
+    measured = target_attention_mass(model, [1, 2, 5], lengths)
+    torch.testing.assert_close(exact, measured, atol=1e-5, rtol=0)
+    ratio = theory.distractor_ratio(kernel, [1, 2, 5])
+    torch.testing.assert_close(1 / (1 + ratio[:, [L - 1 for L in lengths]]), exact)
+
+
+def test_mean_field_law_values():
+    p = theory.mean_field_target_mass([10, 2], 1.0, 0.5)
+    torch.testing.assert_close(p, torch.tensor([[1 / (1 + 8 * 0.5 * math.exp(-1)), 1.0]], dtype=torch.float64))
+    model = RetrievalHead(n_models=2, rope_base=100.0)
+    kernel = analysis.offset_kernel(model, -torch.arange(64))
+    m, rho = theory.mean_field_parameters(kernel, 3, 16)
+    # exact at the training length by construction
+    torch.testing.assert_close(theory.mean_field_target_mass([16], m, rho), theory.exact_target_mass(kernel, 3, [16]))
+    assert (rho <= 1).all() and (rho > 0).all()
+
+
+def test_critical_target_mass_and_length():
+    # two classes: token 0 pushes class 1 up a little; mean row favours class 1
+    t = torch.tensor([[[2.0, 1.0], [0.0, 2.0]]])
+    # mu = (1, 1.5); y=0, c=1: g = 1, h = -0.5 -> p* = 0.5 / 1.5 = 1/3; y=1, c=0: h = 0.5 > 0 -> 0
+    assert theory.critical_target_mass(t).item() == pytest.approx(1 / 3)
+    assert theory.critical_target_mass(torch.eye(4)[None] * 3).item() == 0.0
+    assert theory.critical_length(torch.tensor(1 / 3), torch.tensor(0.0), torch.tensor(1.0)).item() == pytest.approx(4.0)
+    with pytest.raises(ValueError, match=r"\[M, V, V\]"):
+        theory.critical_target_mass(torch.ones(2, 3))
+
+
+def test_linear_fit_and_scale():
+    x = torch.arange(10.0)
+    slope, intercept, r2 = theory.linear_fit(x, torch.stack([3 * x + 1, x ** 2]))
+    torch.testing.assert_close(slope[0].item(), 3.0)
+    torch.testing.assert_close(intercept[0].item(), 1.0)
+    assert r2[0].item() == pytest.approx(1.0) and 0.9 < r2[1].item() < 0.97
+    assert theory.log_length_scale([16, 256], 16) == pytest.approx([1.0, 2.0])
+
+
+def test_scaled_accuracy_with_unit_scale_matches_accuracy_by_length():
+    model = RetrievalHead(n_models=2, rope_base=100.0)
+    task = FixedOffsetRetrieval(16, 2)
+    lengths = [8, 32]
+    torch.testing.assert_close(accuracy_with_logit_scale(model, task, lengths, [1.0, 1.0], n_samples=256),
+                               accuracy_by_length(model, task, lengths, n_samples=256))
