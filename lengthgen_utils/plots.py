@@ -44,7 +44,7 @@ class BookRenderer(MimetypeRenderer):
     """Emit plotly JSON (for Jupyter) plus an HTML div that expects plotly.js on the page (for the book)."""
 
     def to_mimebundle(self, fig_dict):
-        html = pio.to_html(fig_dict, include_plotlyjs=False, full_html=False,
+        html = pio.to_html(fig_dict, include_plotlyjs=False, full_html=False, auto_play=False,
                            config={"responsive": True, "displaylogo": False})
         return {
             "application/vnd.plotly.v1+json": {"data": fig_dict.get("data", []), "layout": fig_dict.get("layout", {}),
@@ -258,15 +258,15 @@ def alias_vs_failure(alias_distance, failure_length, labels, max_length: int, ti
     """
     x = [a + 1 if a is not None else max_length for a in alias_distance]
     y = [f if f is not None else max_length for f in failure_length]
-    fig = go.Figure()
+    fig = go.Figure(layout=dict(title=title))
     fig.add_trace(go.Scatter(x=x, y=y, mode="markers", marker=dict(size=11, color="#1f77b4", opacity=0.7),
                              text=labels, name="one trained head",
                              hovertemplate="%{text}<br>first length containing an alias: %{x}<br>first failing length: %{y}"))
     fig.add_trace(go.Scatter(x=[16, max_length], y=[16, max_length], mode="lines", name="failure at the alias",
                              line=dict(color="black", dash="dot")))
-    fig.update_layout(title=title)
-    fig.update_xaxes(title=f"first length L containing an aliasing key, d + 1 (tokens; {max_length} = none)", type="log")
-    fig.update_yaxes(title=f"first evaluated length with accuracy < 0.95 (tokens; {max_length} = none)", type="log")
+    fig.update_layout(title=f"{title}<br><sup>{max_length} on an axis = none found</sup>")
+    fig.update_xaxes(title="first length with an aliasing key, d + 1 (tokens)", type="log")
+    fig.update_yaxes(title="first length with accuracy < 0.95 (tokens)", type="log")
     return fig
 
 
@@ -292,9 +292,13 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
                            line=dict(color="#d62728", dash="dash", width=2)),
                 go.Scatter(x=lengths, y=ratio(measured[i]), mode="markers", name="measured in the model",
                            marker=dict(color="black", size=10, symbol="circle-open", line=dict(width=2)))]
-        frames.append(go.Frame(data=data, name=str(lab)))
+        ys = np.concatenate([ratio(p_exact[i]), ratio(p_mf[i]), ratio(measured[i])])
+        ys = ys[ys > 0]
+        y_range = [np.log10(ys.min()) - 0.3, np.log10(ys.max()) + 0.3] if ys.size else [-6, 1]
+        frames.append(go.Frame(data=data, name=str(lab), layout=dict(yaxis=dict(range=y_range))))
     fig = go.Figure(data=frames[0].data, frames=frames)
-    fig.update_layout(title=title, sliders=[_slider(list(labels), "")], height=FIGURE_HEIGHT + 80, margin=dict(b=120))
+    fig.update_layout(title=title, sliders=[_slider(list(labels), "")], height=FIGURE_HEIGHT + 80, margin=dict(b=120),
+                      yaxis=dict(range=frames[0].layout.yaxis.range))
     fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
     fig.update_yaxes(title="1/p - 1 (distractor / target attention, log scale)", type="log", exponentformat="power")
     return fig

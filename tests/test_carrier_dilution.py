@@ -163,3 +163,16 @@ def test_scaled_accuracy_with_unit_scale_matches_accuracy_by_length():
     lengths = [8, 32]
     torch.testing.assert_close(accuracy_with_logit_scale(model, task, lengths, [1.0, 1.0], n_samples=256),
                                accuracy_by_length(model, task, lengths, n_samples=256))
+
+
+def test_slider_figures_have_one_frame_per_step():
+    from lengthgen_utils import plots
+    import numpy as np
+    fig = plots.kernel_slider([-2, -1, 0], {1: np.zeros((2, 3)), 2: np.ones((2, 3))}, 16, "t")
+    assert [f.name for f in fig.frames] == ["1", "2"]
+    assert len(fig.layout.sliders[0].steps) == 2 and len(fig.data) == 3  # 2 seeds + the target line
+    with pytest.raises(ValueError, match="must be"):
+        plots.kernel_slider([-1, 0], {1: np.zeros((2, 3))}, 16, "t")
+    p = np.array([[0.9, 0.5], [0.99, 0.2]])
+    fig = plots.dilution_slider([16, 32], p, ([16, 32], p), ([16, 32], p), ["a", "b"], "t")
+    assert len(fig.frames) == 2 and fig.frames[1].layout.yaxis.range[1] > fig.frames[0].layout.yaxis.range[1]
