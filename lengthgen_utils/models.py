@@ -136,9 +136,9 @@ class RetrievalHead(nn.Module):
         seq_len = check_int("seq_len", seq_len, minimum=1)
         position_shift = check_int("position_shift", position_shift)
         cfg = self.config
-        positions = torch.arange(seq_len, device=self.device) + position_shift
         if cfg.pe == "ape":
-            x = self.u[:, None, :] + self.ape(positions)  # [M, L, d_model]
+            self.ape.check_length(torch.arange(seq_len) + position_shift)  # on the host: no device sync
+            x = self.u[:, None, :] + self.ape.weight[:, position_shift:position_shift + seq_len]  # [M, L, d_model]
         else:
             x = self.u[:, None, :].expand(-1, seq_len, -1)
         q = torch.einsum("md,mdh->mh", x[:, -1], self.w_q)
