@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 
@@ -195,8 +196,6 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None) ->
     try:
         _cache.save_entry(folder, key, payload, meta)
     except OSError as e:
-        import warnings
-
         warnings.warn(f"results cache: could not store the entry in {folder} ({e}); continuing without it",
                       RuntimeWarning, stacklevel=2)
     return payload, status
