@@ -1,21 +1,29 @@
-"""Named experiments and the run profiles (``LENGTHGEN_PROFILE`` = quick | default | full).
+"""Named experiments, the run profiles (``LENGTHGEN_PROFILE`` = quick | default | full) and the results cache.
 
 A chapter calls one function here per experiment, so its cells stay a few
 lines long and every chapter uses the same settings for the same profile.
+Expensive runs go through :func:`load_or_run`: a rebuild of the book loads
+what an earlier build computed instead of training again.
 """
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 
 import torch
 
-from ._validate import check_int
+from . import __version__
+from . import cache as _cache
+from ._validate import check_int, check_int_sequence
 from .evaluation import accuracy_by_length
-from .models import RetrievalHead
+from .models import RetrievalHead, check_attention
 from .positional import check_pe
 from .tasks import FixedOffsetRetrieval
-from .training import train
+from .training import default_device, train
 
 PROFILE_ENV = "LENGTHGEN_PROFILE"
 
@@ -33,6 +41,9 @@ class Profile:
         batch_size: sequences per step.
         eval_samples: sequences per evaluation length.
         length_multiples: evaluation lengths as multiples of the training length.
+        offsets: the offsets k a sweep covers (:class:`RetrievalSweep`).
+        attentions: the attention types a sweep covers (``"softmax"``, ``"linear"``).
+        transformer_seeds: seeds per setting of the multi-layer transformer (chapter 7).
     """
 
     name: str
@@ -41,15 +52,18 @@ class Profile:
     batch_size: int
     eval_samples: int
     length_multiples: tuple[int, ...]
+    offsets: tuple[int, ...] = (1, 2, 3, 5)
+    attentions: tuple[str, ...] = ("softmax", "linear")
+    transformer_seeds: int = 5
 
 
 PROFILES = {
     "quick": Profile("quick", n_seeds=5, steps=500, batch_size=256, eval_samples=512,
-                     length_multiples=(1, 2, 4, 8, 16)),
+                     length_multiples=(1, 2, 4, 8, 16), offsets=(1, 3, 5)),
     "default": Profile("default", n_seeds=8, steps=2000, batch_size=256, eval_samples=2048,
-                       length_multiples=(1, 2, 4, 8, 16)),
+                       length_multiples=(1, 2, 4, 8, 16), offsets=(1, 2, 3, 5)),
     "full": Profile("full", n_seeds=16, steps=4000, batch_size=256, eval_samples=4096,
-                    length_multiples=(1, 2, 4, 8, 16, 32, 64)),
+                    length_multiples=(1, 2, 4, 8, 16, 32, 64), offsets=(1, 2, 3, 5, 8)),
 }
 
 
@@ -85,11 +99,14 @@ class RetrievalExperiment:
     eval_samples: int = 512
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     data_seed: int = 0
+    min_train_len: int | None = None  # shortest training length; None: offset + 2
 
     def __post_init__(self):
         check_pe(self.pe)
         check_int("train_len", self.train_len, minimum=self.offset + 2)
         check_int("n_seeds", self.n_seeds, minimum=1)
+        if self.min_train_len is not None:
+            check_int("min_train_len", self.min_train_len, minimum=self.offset + 2, maximum=self.train_len)
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalExperiment":
@@ -119,22 +136,333 @@ class RetrievalResult:
     extra: dict = field(default_factory=dict)
 
 
-def run_retrieval(exp: RetrievalExperiment, device=None) -> RetrievalResult:
-    """Build, train and evaluate the ensemble described by ``exp``.
+# ---------------------------------------------------------------- the results cache
+def load_or_run(config, compute: Callable[[], dict], cache=True, device=None) -> tuple[dict, str]:
+    """Load the result of ``config`` from the results cache, or compute and store it.
+
+    The key is a SHA-256 over the configuration's class and every field
+    (``dataclasses.asdict``, sorted JSON), ``lengthgen_utils.__version__``, a
+    fingerprint of the package's computing modules, the torch version and the
+    device type, so an entry made by other settings or other code is never
+    used. Entries are written atomically and verified on reading (see
+    :mod:`lengthgen_utils.cache`); a corrupt, truncated or foreign entry is
+    reported with a ``RuntimeWarning`` and recomputed.
+
+    Args:
+        config: a frozen dataclass instance (e.g. :class:`RetrievalExperiment`).
+        compute: called with no arguments on a miss; returns the payload, a dict of
+            tensors, state dicts, numbers, strings and lists (no models or other objects).
+        cache: ``True`` (the default folder: ``$LENGTHGEN_CACHE`` or ``<repo>/.cache/lengthgen``),
+            ``False`` (always compute, store nothing), or a folder path.
+        device: the device the computation runs on (its type is part of the key); default
+            :func:`~lengthgen_utils.training.default_device`.
+
+    Returns:
+        ``(payload, status)``: status is ``"hit"``, ``"miss"`` (computed and stored),
+        ``"recomputed"`` (an unusable entry was replaced) or ``"off"`` (cache disabled).
+
+    Raises:
+        TypeError: ``config`` is not a dataclass instance, or the payload holds an object
+            the cache cannot store safely.
+    """
+    if not is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"config must be a dataclass instance; got {type(config).__name__}")
+    if cache is False:
+        folder = None
+    elif cache is True or cache is None:
+        folder = _cache.cache_dir()
+    else:
+        folder = _cache.cache_dir(os.fspath(cache))
+    if folder is None:
+        payload = compute()
+        _cache.check_payload(payload)
+        return payload, "off"
+    description = cache_description(config, device)
+    key = _cache.make_key(description)
+    status = "miss"
+    try:
+        payload = _cache.read_entry(folder, key, expect_meta={"description": description})
+    except _cache.CorruptEntry as e:
+        _cache.warn_corrupt(_cache.entry_path(folder, key), str(e))
+        status, payload = "recomputed", None
+        try:
+            _cache.entry_path(folder, key).unlink()
+        except OSError:
+            pass
+    if payload is not None:
+        return payload, "hit"
+    payload = compute()
+    meta = {"description": description, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        _cache.save_entry(folder, key, payload, meta)
+    except OSError as e:
+        warnings.warn(f"results cache: could not store the entry in {folder} ({e}); continuing without it",
+                      RuntimeWarning, stacklevel=2)
+    return payload, status
+
+
+def cache_description(config, device=None) -> dict:
+    """What identifies a cached result: the configuration and what computed it (hashed into the key)."""
+    device = torch.device(device) if device is not None else default_device()
+    description = {"kind": f"{type(config).__module__}.{type(config).__qualname__}", "config": asdict(config),
+                   "lengthgen_utils": __version__, "code": _cache.code_fingerprint(), "torch": torch.__version__,
+                   "device": device.type}
+    return json.loads(json.dumps(description, allow_nan=False))  # as stored: tuples become lists
+
+
+# ---------------------------------------------------------------- one ensemble
+def _retrieval_head(exp, n_models: int, seeds, max_len: int, pe: str, attention: str) -> RetrievalHead:
+    return RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, pe, attention, max_len=max_len,
+                         n_models=n_models, seeds=seeds)
+
+
+def _model_payload(model: RetrievalHead, history, lengths, accuracy) -> dict:
+    return {"state_dict": dict(model.state_dict()), "loss_history": history, "lengths": list(lengths),
+            "accuracy": accuracy}
+
+
+def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> RetrievalResult:
+    """Build, train and evaluate the ensemble described by ``exp`` (or load it from the results cache).
 
     Seeds ``0 .. n_seeds-1`` initialise the models; ``exp.data_seed`` seeds the
     training stream. The APE table is sized for the longest evaluation length.
+
+    Args:
+        exp: the experiment.
+        device: where to train (default :func:`~lengthgen_utils.training.default_device`).
+        cache: ``True`` (default folder), ``False`` (train, store nothing) or a cache folder;
+            see :func:`load_or_run`. ``result.extra["cache"]`` says what happened.
+
+    Returns:
+        a :class:`RetrievalResult` whose model lives on ``device``; a loaded result is the
+        stored one exactly (weights, loss history and accuracies).
     """
+    device = torch.device(device) if device is not None else default_device()
     lengths = exp.eval_lengths
-    model = RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, exp.pe, exp.attention,
-                          max_len=max(lengths), n_models=exp.n_seeds)
-    history = train(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
-                    train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
-                    seed=exp.data_seed, device=device)
-    acc = accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)
-    return RetrievalResult(exp, model, history, lengths, acc)
+
+    def compute():
+        model = _retrieval_head(exp, exp.n_seeds, None, max(lengths), exp.pe, exp.attention)
+        history = train(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
+                        train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
+                        seed=exp.data_seed, device=device, min_train_len=exp.min_train_len)
+        acc = accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)
+        return _model_payload(model, history, lengths, acc)
+
+    payload, status = load_or_run(exp, compute, cache=cache, device=device)
+    model = _retrieval_head(exp, exp.n_seeds, None, max(lengths), exp.pe, exp.attention)
+    model.load_state_dict(payload["state_dict"])
+    model.to(device).eval()
+    return RetrievalResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"],
+                           extra={"cache": status})
 
 
+# ---------------------------------------------------------------- sweeps: seeds x offsets x PE x attention
+@dataclass(frozen=True)
+class RetrievalSweep:
+    """A sweep of single-head ensembles: every (PE, attention) pair is one batched ensemble of
+    ``len(offsets) * n_seeds`` models that differ in offset and initialisation seed.
+
+    Model ``(offset k, seed s)`` of the ensemble equals the model trained alone by
+    ``run_retrieval(sweep.experiment(pe, k, attention))`` (seed ``s`` of that
+    experiment) up to float rounding: the models share the data stream and are
+    otherwise independent. Because they share it, every model trains on lengths
+    ``U{shortest_train_len .. train_len}`` with ``shortest_train_len = max(offsets) + 2``
+    unless ``min_train_len`` says otherwise (the per-offset experiments record it).
+
+    Fields as in :class:`RetrievalExperiment`, plus ``pes``, ``attentions`` and ``offsets``.
+
+    Raises:
+        ValueError / TypeError: an unknown PE or attention, a duplicate or non-positive
+            offset, a training length too short for the largest offset.
+    """
+
+    pes: tuple[str, ...] = ("rope", "ape", "nope")
+    attentions: tuple[str, ...] = ("softmax",)
+    offsets: tuple[int, ...] = (1, 2, 3, 5)
+    vocab_size: int = 16
+    train_len: int = 16
+    fixed_length: bool = False
+    d_model: int = 32
+    d_head: int = 16
+    lr: float = 1e-2
+    weight_decay: float = 0.0
+    n_seeds: int = 5
+    steps: int = 500
+    batch_size: int = 256
+    eval_samples: int = 512
+    length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
+    data_seed: int = 0
+    min_train_len: int | None = None
+
+    def __post_init__(self):
+        for name in ("pes", "attentions"):
+            values = getattr(self, name)
+            if isinstance(values, str) or not hasattr(values, "__iter__") or not tuple(values):
+                raise TypeError(f"{name} must be a non-empty sequence of names; got {values!r}")
+            object.__setattr__(self, name, tuple(values))
+        for pe in self.pes:
+            check_pe(pe)
+        for attention in self.attentions:
+            check_attention(attention)
+        offsets = check_int_sequence("offsets", self.offsets, minimum=1)
+        if len(set(offsets)) != len(offsets):
+            raise ValueError(f"offsets must be distinct; got {offsets}")
+        object.__setattr__(self, "offsets", offsets)
+        object.__setattr__(self, "length_multiples", check_int_sequence("length_multiples",
+                                                                        self.length_multiples, minimum=1))
+        check_int("train_len", self.train_len, minimum=max(offsets) + 2)
+        check_int("n_seeds", self.n_seeds, minimum=1)
+        if self.min_train_len is not None:
+            check_int("min_train_len", self.min_train_len, minimum=max(offsets) + 2, maximum=self.train_len)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **overrides) -> "RetrievalSweep":
+        """The sweep with a profile's compute settings, offsets and attention types, and any field overridden."""
+        base = dict(n_seeds=profile.n_seeds, steps=profile.steps, batch_size=profile.batch_size,
+                    eval_samples=profile.eval_samples, length_multiples=profile.length_multiples,
+                    offsets=profile.offsets, attentions=profile.attentions)
+        return cls(**{**base, **overrides})
+
+    @property
+    def shortest_train_len(self) -> int:
+        """The shortest training length every model of the sweep sees."""
+        return self.min_train_len if self.min_train_len is not None else max(self.offsets) + 2
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        return [self.train_len * m for m in self.length_multiples]
+
+    @property
+    def n_models(self) -> int:
+        """Models per ensemble: ``len(offsets) * n_seeds``."""
+        return len(self.offsets) * self.n_seeds
+
+    def ensemble(self, pe: str, attention: str = "softmax") -> "RetrievalSweep":
+        """The one-ensemble sweep of ``(pe, attention)``: the unit that is trained and cached."""
+        if pe not in self.pes or attention not in self.attentions:
+            raise ValueError(f"(pe, attention) must be in pes={self.pes} x attentions={self.attentions}; "
+                             f"got ({pe!r}, {attention!r})")
+        return replace(self, pes=(pe,), attentions=(attention,))
+
+    def experiment(self, pe: str, offset: int, attention: str = "softmax") -> RetrievalExperiment:
+        """The :class:`RetrievalExperiment` that trains the sweep's models of ``(pe, offset, attention)`` alone."""
+        if offset not in self.offsets:
+            raise ValueError(f"offset must be one of the sweep's offsets {self.offsets}; got {offset!r}")
+        shortest = self.shortest_train_len
+        return RetrievalExperiment(
+            pe=pe, attention=attention, vocab_size=self.vocab_size, offset=offset, train_len=self.train_len,
+            fixed_length=self.fixed_length, d_model=self.d_model, d_head=self.d_head, lr=self.lr,
+            weight_decay=self.weight_decay, n_seeds=self.n_seeds, steps=self.steps, batch_size=self.batch_size,
+            eval_samples=self.eval_samples, length_multiples=self.length_multiples, data_seed=self.data_seed,
+            min_train_len=None if shortest == offset + 2 else shortest)
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` returns. Keys are ``(pe, attention)``; models are ordered offset-major.
+
+    Attributes:
+        sweep: the sweep.
+        lengths: evaluation lengths (tokens).
+        accuracy: ``(pe, attention) -> [n_offsets, n_seeds, n_lengths]`` float64 accuracies.
+        loss_history: ``(pe, attention) -> [steps, n_offsets, n_seeds]`` training losses (nats).
+        models: ``(pe, attention) ->`` the trained :class:`RetrievalHead` of ``n_offsets * n_seeds`` models.
+        cache: ``(pe, attention) ->`` cache status (see :func:`load_or_run`).
+        seconds: ``(pe, attention) ->`` wall time of training or loading (s).
+    """
+
+    sweep: RetrievalSweep
+    lengths: list[int]
+    accuracy: dict
+    loss_history: dict
+    models: dict
+    cache: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+
+    def result(self, pe: str, offset: int, attention: str = "softmax") -> RetrievalResult:
+        """The seeds of one ``(pe, offset, attention)`` as a :class:`RetrievalResult` (its own model copy)."""
+        exp = self.sweep.experiment(pe, offset, attention)
+        row = self.sweep.offsets.index(offset)
+        n = self.sweep.n_seeds
+        model = self.models[(pe, attention)].subset(range(row * n, (row + 1) * n))
+        return RetrievalResult(exp, model, self.loss_history[(pe, attention)][:, row].clone(), list(self.lengths),
+                               self.accuracy[(pe, attention)][row].clone(),
+                               extra={"cache": self.cache.get((pe, attention)), "sweep": self.sweep})
+
+    def summary_rows(self) -> list[dict]:
+        """One row per ``(pe, attention, offset)``: mean, min and max accuracy over seeds at each length."""
+        rows = []
+        for (pe, attention), acc in self.accuracy.items():
+            for row, offset in enumerate(self.sweep.offsets):
+                a = acc[row]  # [n_seeds, n_lengths]
+                rows.append({"pe": pe, "attention": attention, "offset": offset,
+                             "mean": a.mean(0).tolist(), "min": a.min(0).values.tolist(),
+                             "max": a.max(0).values.tolist()})
+        return rows
+
+
+def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = False,
+              on_ensemble: Callable | None = None) -> SweepResult:
+    """Train and evaluate every ensemble of ``sweep`` (one batched ensemble per (PE, attention)), through the cache.
+
+    Args:
+        sweep: the sweep.
+        device: where to train (default :func:`~lengthgen_utils.training.default_device`).
+        cache: see :func:`load_or_run`; each ensemble is its own entry.
+        progress: show a progress bar per ensemble's training.
+        on_ensemble: called as ``on_ensemble(pe, attention, status, seconds)`` after each ensemble.
+
+    Returns:
+        a :class:`SweepResult`.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    lengths = sweep.eval_lengths
+    seeds = [s for _ in sweep.offsets for s in range(sweep.n_seeds)]
+    tasks = [FixedOffsetRetrieval(sweep.vocab_size, k) for k in sweep.offsets for _ in range(sweep.n_seeds)]
+    shape = (len(sweep.offsets), sweep.n_seeds)
+    out = SweepResult(sweep, lengths, {}, {}, {})
+    for pe in sweep.pes:
+        for attention in sweep.attentions:
+            start = time.perf_counter()
+
+            def compute():
+                model = _retrieval_head(sweep, sweep.n_models, seeds, max(lengths), pe, attention)
+                history = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
+                                train_len=sweep.train_len, fixed_length=sweep.fixed_length,
+                                weight_decay=sweep.weight_decay, seed=sweep.data_seed, device=device,
+                                min_train_len=sweep.shortest_train_len, progress=progress)
+                acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
+                return _model_payload(model, history, lengths, acc)
+
+            payload, status = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache, device=device)
+            model = _retrieval_head(sweep, sweep.n_models, seeds, max(lengths), pe, attention)
+            model.load_state_dict(payload["state_dict"])
+            key = (pe, attention)
+            out.models[key] = model.to(device).eval()
+            out.accuracy[key] = payload["accuracy"].view(*shape, len(lengths))
+            out.loss_history[key] = payload["loss_history"].view(-1, *shape)
+            out.cache[key] = status
+            out.seconds[key] = time.perf_counter() - start
+            if on_ensemble is not None:
+                on_ensemble(pe, attention, status, out.seconds[key])
+    return out
+
+
+# ---------------------------------------------------------------- suites run by ``python -m lengthgen_utils run``
+def run_single_head_suite(profile: Profile, n_seeds: int | None = None, device=None, cache=True,
+                          progress: bool = True, on_ensemble: Callable | None = None) -> SweepResult:
+    """The profile's single-head sweep: seeds x offsets x {RoPE, APE, NoPE} x attention types."""
+    overrides = {} if n_seeds is None else {"n_seeds": check_int("n_seeds", n_seeds, minimum=1)}
+    sweep = RetrievalSweep.from_profile(profile, **overrides)
+    return run_sweep(sweep, device=device, cache=cache, progress=progress, on_ensemble=on_ensemble)
+
+
+# The multi-layer transformer of chapter 7 registers its suite here when it joins the package
+# (seeds: ``profile.transformer_seeds``); until then the command line reports it as not available.
+SUITES: dict[str, Callable | None] = {"single-head": run_single_head_suite, "transformer": None}
+
+
+# --- offset sweeps for chapters 4 and 5
 @dataclass
 class OffsetSweepResult:
     """What :func:`run_offset_sweep` returns: one ensemble holding every (offset, seed) pair.

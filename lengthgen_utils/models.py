@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ._validate import check_int, check_int_sequence, check_positive_float
-from .positional import LearnedAbsolutePE, apply_rope, check_pe, rope_inverse_frequencies
+from .positional import LearnedAbsolutePE, check_pe, rope_cos_sin, rope_inverse_frequencies, rotate_pairs
 
 ATTENTION_NAMES = ("softmax", "linear")
 
@@ -136,16 +136,18 @@ class RetrievalHead(nn.Module):
         seq_len = check_int("seq_len", seq_len, minimum=1)
         position_shift = check_int("position_shift", position_shift)
         cfg = self.config
-        positions = torch.arange(seq_len, device=self.device) + position_shift
         if cfg.pe == "ape":
-            x = self.u[:, None, :] + self.ape(positions)  # [M, L, d_model]
+            self.ape.check_length(torch.arange(seq_len) + position_shift)  # on the host: no device sync
+            x = self.u[:, None, :] + self.ape.weight[:, position_shift:position_shift + seq_len]  # [M, L, d_model]
         else:
             x = self.u[:, None, :].expand(-1, seq_len, -1)
         q = torch.einsum("md,mdh->mh", x[:, -1], self.w_q)
         k = torch.einsum("mld,mdh->mlh", x, self.w_k)
         if cfg.pe == "rope":
-            q = apply_rope(q[:, None, :], positions[-1:], cfg.rope_base, cfg.interleaved)[:, 0]
-            k = apply_rope(k, positions, cfg.rope_base, cfg.interleaved)
+            # the same cos/sin apply_rope computes (float64 angles), memoised per length and shift
+            cos, sin = rope_cos_sin(seq_len, cfg.d_head, cfg.rope_base, position_shift, q.dtype, q.device)
+            q = rotate_pairs(q, cos[-1], sin[-1], cfg.interleaved)
+            k = rotate_pairs(k, cos, sin, cfg.interleaved)
         return q, k
 
     def scores(self, seq_len: int, position_shift: int = 0) -> Tensor:
@@ -162,13 +164,19 @@ class RetrievalHead(nn.Module):
         """Class logits contributed by each input token at unit attention: ``E W_V W_O``, ``[M, V+1, V]``."""
         return self.embed @ self.w_v @ self.w_o
 
-    def forward(self, tokens: Tensor, position_shift: int = 0) -> tuple[Tensor, Tensor]:
+    def forward(self, tokens: Tensor, position_shift: int = 0, validate: bool = True) -> tuple[Tensor, Tensor]:
+        """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` for ``tokens [B, L]`` or ``[M, B, L]``.
+
+        ``validate=False`` skips the token-range check (which reads the tokens
+        back to the host, a synchronisation on a GPU); the training loop uses
+        it for tokens its task sampled. Shapes are always checked.
+        """
         if not isinstance(tokens, Tensor) or tokens.dtype != torch.long:
             raise TypeError(f"tokens must be a LongTensor [B, L] or [M, B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)}")
         if tokens.dim() not in (2, 3) or (tokens.dim() == 3 and tokens.shape[0] != self.n_models):
             raise ValueError(f"tokens must have shape [B, L] or [M={self.n_models}, B, L]; got {tuple(tokens.shape)}")
         n_tokens = self.config.vocab_size + 1
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
+        if validate and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
             raise ValueError(f"tokens must lie in [0, {n_tokens - 1}]; got values in [{int(tokens.min())}, {int(tokens.max())}]")
         m, (b, seq_len) = self.n_models, tokens.shape[-2:]
         attn = self.attention_row(seq_len, position_shift)  # [M, L]
@@ -181,9 +189,21 @@ class RetrievalHead(nn.Module):
     def select(self, index: int) -> "RetrievalHead":
         """A one-model copy of ensemble member ``index`` (for checks and plots)."""
         index = check_int("index", index, minimum=0, maximum=self.n_models - 1)
+        return self.subset([index])
+
+    def subset(self, indices) -> "RetrievalHead":
+        """A copy holding ensemble members ``indices`` (in that order), e.g. the seeds of one offset of a sweep.
+
+        Raises:
+            ValueError / TypeError: an index outside ``0 .. n_models-1``, or an empty list.
+        """
+        indices = check_int_sequence("indices", indices, minimum=0)
+        for i in indices:
+            check_int("indices", i, minimum=0, maximum=self.n_models - 1)
         cfg = asdict(self.config)
-        single = RetrievalHead(n_models=1, seeds=[self.seeds[index]], **cfg).to(self.device)
+        copy = RetrievalHead(n_models=len(indices), seeds=[self.seeds[i] for i in indices], **cfg).to(self.device)
+        index = torch.tensor(indices, device=self.device)
         with torch.no_grad():
-            for (name, p_single), (_, p) in zip(single.named_parameters(), self.named_parameters()):
-                p_single.copy_(p[index : index + 1])
-        return single
+            for (name, p_copy), (_, p) in zip(copy.named_parameters(), self.named_parameters()):
+                p_copy.copy_(p[index])
+        return copy

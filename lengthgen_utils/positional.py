@@ -12,6 +12,8 @@ Sources: Su et al. 2021, *RoFormer* (RoPE, eq. 13-15); Vaswani et al. 2017
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from torch import Tensor, nn
 
@@ -154,6 +156,41 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, interleaved:
             )
         angles = angles.view(positions.shape[0], *([1] * (x.dim() - 3)), seq_len, d_head // 2)
     return rotate_pairs(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
+
+
+@lru_cache(maxsize=256)
+def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shift: int = 0,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """cos and sin of the RoPE angles at positions ``shift .. shift + seq_len - 1``, memoised.
+
+    The same numbers :func:`apply_rope` computes for ``positions = arange(seq_len) + position_shift``
+    (angles in float64, then cos/sin cast to ``dtype``), computed once per
+    ``(seq_len, d_head, base, position_shift, dtype, device)`` instead of once
+    per training step. The returned tensors are shared between callers: never
+    modify them in place.
+
+    Args:
+        seq_len: L >= 1.
+        d_head: even head dimension.
+        base: RoPE base.
+        position_shift: the first position (any integer).
+        dtype: floating dtype of the returned tables.
+        device: where the tables live.
+
+    Returns:
+        ``cos, sin``, each ``[seq_len, d_head // 2]`` of ``dtype`` on ``device``.
+
+    Raises:
+        ValueError / TypeError: ``seq_len < 1``, odd ``d_head``, ``base <= 1``, a non-floating ``dtype``.
+    """
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    position_shift = check_int("position_shift", position_shift)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+    with torch.inference_mode(False):  # cached tables must stay usable by autograd whoever built them first
+        positions = torch.arange(seq_len, device=device) + position_shift
+        angles = rope_angles(positions, d_head, base)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rope_rotation_matrix(angles: Tensor, interleaved: bool = False) -> Tensor:

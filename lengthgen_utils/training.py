@@ -7,7 +7,9 @@ scale, no global gradient clipping).
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,54 @@ from ._validate import check_int, check_positive_float
 def default_device() -> torch.device:
     """CUDA when available, else the CPU (everything in the book runs on CPU)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+THREADS_ENV = "LENGTHGEN_THREADS"
+
+
+def default_cpu_threads() -> int:
+    """Intra-op CPU threads for training and evaluation: ``$LENGTHGEN_THREADS``, else 1.
+
+    The book's models are tiny: one training step is a few dozen operations on
+    tensors of ~10^5 elements, so each operation costs less than the work of
+    waking and joining a second thread. On a 2-core machine shared with other
+    processes, two intra-op threads made a step 10 to 100 times slower than one
+    (measured with ``python -m lengthgen_utils.bench``); one thread per process
+    is never much slower. Set ``LENGTHGEN_THREADS`` to change it.
+
+    Raises:
+        ValueError: ``$LENGTHGEN_THREADS`` is set but is not an integer >= 1.
+    """
+    value = os.environ.get(THREADS_ENV)
+    if value is None or value == "":
+        return 1
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"${THREADS_ENV} must be an integer >= 1; got {value!r}")
+    return n
+
+
+@contextmanager
+def cpu_threads(n: int | None):
+    """Run the block with ``torch.set_num_threads(n)``, restoring the previous count afterwards.
+
+    ``n=None`` leaves the setting alone.
+    """
+    if n is None:
+        yield
+        return
+    n = check_int("num_threads", n, minimum=1)
+    previous = torch.get_num_threads()
+    if n != previous:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n != previous:
+            torch.set_num_threads(previous)
 
 
 def as_task_list(task, n_models: int) -> list:
@@ -47,12 +97,16 @@ def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-2, train_len: int = 16,
           fixed_length: bool = False, weight_decay: float = 0.0, seed: int = 0, device=None,
-          progress: bool | None = None) -> Tensor:
+          progress: bool | None = None, min_train_len: int | None = None,
+          num_threads: int | None = None) -> Tensor:
     """Train an ensemble on the fixed-offset retrieval task with Adam(W).
 
     Each step draws one batch at a single length: ``train_len`` when
-    ``fixed_length``, else uniform in ``[min_seq_len, train_len]`` (the whole
-    batch shares a length, so the attention row is computed once).
+    ``fixed_length``, else uniform in ``[min_train_len, train_len]`` (the whole
+    batch shares a length, so the attention row is computed once). Tokens are
+    sampled on the CPU from one generator and then moved to ``device``, so
+    every model of the ensemble sees the same stream as it would alone, on any
+    device.
 
     Args:
         model: a :class:`~lengthgen_utils.models.RetrievalHead` (any ``n_models``).
@@ -67,6 +121,12 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         seed: seeds the data stream (lengths and tokens); model seeds live in the model.
         device: defaults to :func:`default_device`.
         progress: show a progress bar; ``None`` shows one for runs of 5000+ steps.
+        min_train_len: shortest training length (variable-length training only); default
+            the shortest length every task allows, ``max(offset) + 2``. An ensemble whose
+            models have different offsets shares one length stream: give the same
+            ``min_train_len`` to a model trained alone and it sees exactly that stream.
+        num_threads: intra-op CPU threads while training on the CPU; default
+            :func:`default_cpu_threads` (1 unless ``$LENGTHGEN_THREADS`` says otherwise).
 
     Returns:
         loss history ``[steps, M]`` (float32, on CPU): each model's training loss per step.
@@ -85,7 +145,21 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     if tasks[0].vocab_size != model.config.vocab_size:
         raise ValueError(f"task vocab_size={tasks[0].vocab_size} differs from model vocab_size={model.config.vocab_size}")
     min_len = max(t.min_seq_len for t in tasks)
+    if min_train_len is not None:
+        min_len = check_int("min_train_len", min_train_len, minimum=min_len, maximum=train_len)
     device = torch.device(device) if device is not None else default_device()
+    if device.type == "cpu":
+        num_threads = default_cpu_threads() if num_threads is None else num_threads
+        with cpu_threads(num_threads):
+            return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
+                               seed, device, progress, min_len)
+    return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
+                       seed, device, progress, min_len)
+
+
+def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay, seed, device,
+                progress, min_len) -> Tensor:
+    """The loop of :func:`train`, on validated arguments. No host synchronisation inside the loop."""
     model.to(device)
     model.train()
     gen = torch.Generator().manual_seed(seed)
@@ -98,8 +172,8 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     for step in range(steps):
         seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
         tokens, _ = tasks[0].sample(batch_size, seq_len, gen)
-        tokens = tokens.to(device)
-        logits, _ = model(tokens)
+        tokens = tokens.to(device, non_blocking=True)
+        logits, _ = model(tokens, validate=False)  # tokens come from the task: valid by construction
         loss = ensemble_cross_entropy(logits, batch_targets(tasks, tokens))
         opt.zero_grad(set_to_none=True)
         loss.sum().backward()

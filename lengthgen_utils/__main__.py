@@ -1,0 +1,112 @@
+"""Command line: ``python -m lengthgen_utils run --profile full [--seeds N]`` and ``python -m lengthgen_utils cache``.
+
+``run`` trains a profile's sweeps (through the results cache), with a
+progress bar, and prints a summary table at the end: mean accuracy over
+seeds (and the worst seed) at each evaluation length, for every positional
+encoding, attention type and offset. ``cache info`` / ``cache clear`` show or
+empty the results cache.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from . import cache as _cache
+from .experiments import PROFILES, SUITES, RetrievalSweep, SweepResult, get_profile
+from .training import default_cpu_threads, default_device
+
+
+def format_sweep_table(result: SweepResult) -> str:
+    """The summary table of a sweep: one line per (PE, attention, offset), ``mean (min)`` accuracy per length."""
+    sweep = result.sweep
+    head = f"{'pe':<5} {'attention':<9} {'k':>2} " + " ".join(f"{str(m) + 'x':>12}" for m in sweep.length_multiples)
+    lines = [f"accuracy: mean over {sweep.n_seeds} seeds (worst seed); train_len {sweep.train_len}, "
+             f"lengths {result.lengths[0]}..{result.lengths[-1]}, chance {1 / sweep.vocab_size:.3f}", head,
+             "-" * len(head)]
+    for row in result.summary_rows():
+        cells = " ".join(f"{mean:>6.3f} ({low:.2f})" for mean, low in zip(row["mean"], row["min"]))
+        lines.append(f"{row['pe']:<5} {row['attention']:<9} {row['offset']:>2} {cells}")
+    return "\n".join(lines)
+
+
+def _run(args) -> int:
+    profile = get_profile(args.profile)
+    device = torch.device(args.device) if args.device else default_device()
+    names = list(SUITES) if args.suite == "all" else [args.suite]
+    cache = False if args.no_cache else True
+    threads = default_cpu_threads() if device.type == "cpu" else None
+    print(f"profile {profile.name}: {args.seeds or profile.n_seeds} seeds, {profile.steps} steps, offsets "
+          f"{profile.offsets}, attention {profile.attentions}, lengths up to {max(profile.length_multiples)}x; "
+          f"device {device}" + (f" ({threads} intra-op thread(s))" if threads else "")
+          + f"; cache {'off' if args.no_cache else _cache.cache_dir()}", flush=True)
+    status = 0
+    for name in names:
+        suite = SUITES[name]
+        if suite is None:
+            print(f"\n[{name}] not available yet: the multi-layer transformer is not in the package "
+                  f"(its suite is registered in experiments.SUITES when it is)", flush=True)
+            status = status if args.suite == "all" else 2
+            continue
+        print(f"\n[{name}]", flush=True)
+        from tqdm.auto import tqdm
+
+        n = len(RetrievalSweep().pes) * len(profile.attentions)  # ensembles: every PE x attention type
+        bar = tqdm(total=n, desc=f"{name} ensembles", unit="ensemble")
+        timings = []
+
+        def report(pe, attention, cache_status, seconds):
+            timings.append((pe, attention, cache_status, seconds))
+            bar.set_postfix_str(f"{pe}/{attention}: {cache_status}, {seconds:.1f} s")
+            bar.update(1)
+
+        start = time.perf_counter()
+        result = suite(profile, n_seeds=args.seeds, device=device, cache=cache, progress=True, on_ensemble=report)
+        bar.close()
+        total = time.perf_counter() - start
+        print(format_sweep_table(result))
+        print("\nensembles (models each = offsets x seeds = "
+              f"{result.sweep.n_models}): " + "; ".join(f"{pe}/{att} {st} {s:.1f} s" for pe, att, st, s in timings))
+        print(f"[{name}] wall time {total:.1f} s", flush=True)
+    return status
+
+
+def _cache_command(args) -> int:
+    folder = _cache.cache_dir()
+    if folder is None:
+        print("the results cache is disabled ($LENGTHGEN_CACHE=off)")
+        return 0
+    if args.action == "clear":
+        print(f"removed {_cache.clear(folder)} file(s) from {folder}")
+        return 0
+    entries = sorted(folder.glob("*.pt")) if folder.is_dir() else []
+    temps = sorted(folder.glob(".*.tmp")) if folder.is_dir() else []
+    size = sum(p.stat().st_size for p in entries)
+    print(f"{folder}: {len(entries)} entries, {size / 2**20:.1f} MiB; {len(temps)} leftover temporary file(s)")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train a profile's sweeps and print a summary table")
+    run.add_argument("--profile", choices=tuple(PROFILES), default=None,
+                     help="quick | default | full (default: $LENGTHGEN_PROFILE, else default)")
+    run.add_argument("--seeds", type=int, default=None, help="seeds per setting (default: the profile's)")
+    run.add_argument("--suite", choices=("all", *SUITES), default="all", help="which sweeps to run")
+    run.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
+    run.add_argument("--no-cache", action="store_true", help="train everything, store nothing")
+    cache = sub.add_parser("cache", help="show or empty the results cache")
+    cache.add_argument("action", choices=("info", "clear"))
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        if args.seeds is not None and args.seeds < 1:
+            parser.error(f"--seeds must be >= 1; got {args.seeds}")
+        return _run(args)
+    return _cache_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

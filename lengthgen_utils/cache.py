@@ -1,0 +1,231 @@
+"""The results cache: expensive experiments are stored on disk once and loaded on later builds.
+
+An entry is one file ``<key>.pt`` in the cache folder, where ``key`` is a
+SHA-256 over the experiment's full configuration and what produced it (the
+package version, a fingerprint of the package's computing modules, the torch
+version, the device type). The file holds::
+
+    LENGTHGEN-CACHE 1\\n
+    {"key": ..., "sha256": ..., "n_bytes": ..., "meta": {...}}\\n
+    <payload: torch.save of tensors, state dicts, numbers and strings>
+
+It is written to a temporary file in the same folder and then renamed over
+the entry (``os.replace``, atomic on POSIX and Windows), so a reader sees
+either no entry or a complete one, and two builds writing the same entry at
+once leave one of two identical complete files. On reading, the length, the
+checksum, the key and the configuration are all checked and the payload is
+loaded with ``torch.load(weights_only=True)`` (no arbitrary objects are
+unpickled); an entry that fails any check is reported, removed and
+recomputed, never used. A write killed half way leaves only a temporary file,
+which is never read (``clear`` removes it).
+
+Where: ``$LENGTHGEN_CACHE`` if set (``off`` disables the cache), else
+``.cache/lengthgen`` under the repository root (ignored by git).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+CACHE_ENV = "LENGTHGEN_CACHE"
+MAGIC = b"LENGTHGEN-CACHE 1\n"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = _PACKAGE_DIR.parent
+# Modules whose code cannot change a cached number (figures, widgets, command-line front ends).
+_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "__main__.py"}
+
+
+class CorruptEntry(Exception):
+    """An entry failed a check (length, checksum, key, configuration or safe loading)."""
+
+
+def _fingerprint_files() -> str:
+    h = hashlib.sha256()
+    for path in sorted(_PACKAGE_DIR.glob("*.py")):
+        if path.name not in _NOT_FINGERPRINTED:
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+_FINGERPRINT = _fingerprint_files()  # read when the package is imported: the code this process runs
+
+
+def code_fingerprint() -> str:
+    """SHA-256 (hex, 16 digits) of the package's computing modules as they were when imported.
+
+    Part of every cache key, so an entry computed by different code (a changed
+    model, task or training loop, even without a version bump) is never used.
+    """
+    return _FINGERPRINT
+
+
+def cache_dir(path=None) -> Path | None:
+    """The cache folder: ``path`` if given, else ``$LENGTHGEN_CACHE``, else ``<repo>/.cache/lengthgen``.
+
+    Returns ``None`` when the cache is disabled (``path`` or ``$LENGTHGEN_CACHE`` is ``"off"``).
+    The folder is created on first write, not here.
+    """
+    value = os.environ.get(CACHE_ENV, "") if path is None else path
+    if isinstance(value, str) and value.strip().lower() in ("off", "0", "false", "none"):
+        return None
+    return Path(value) if value else REPO_ROOT / ".cache" / "lengthgen"
+
+
+def check_payload(payload, where: str = "payload") -> None:
+    """Raise ``TypeError`` unless ``payload`` holds only what the cache stores safely.
+
+    Allowed: tensors, ``None``, bools, ints, floats, strings, and dicts (string
+    keys), lists and tuples of those, nested. State dicts qualify; models,
+    functions and dataclasses do not (store their state dict or fields).
+    """
+    if payload is None or isinstance(payload, (Tensor, bool, int, float, str)):
+        return
+    if isinstance(payload, dict):
+        for k, v in payload.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where} keys must be str; got {type(k).__name__} {k!r}")
+            check_payload(v, f"{where}[{k!r}]")
+        return
+    if isinstance(payload, (list, tuple)):
+        for i, v in enumerate(payload):
+            check_payload(v, f"{where}[{i}]")
+        return
+    raise TypeError(f"{where} must hold only tensors, numbers, strings, None, dicts, lists or tuples; "
+                    f"got {type(payload).__name__}")
+
+
+def make_key(description: dict) -> str:
+    """SHA-256 (hex) of ``description`` serialised as sorted, compact JSON.
+
+    Raises:
+        TypeError: ``description`` holds something JSON cannot represent.
+    """
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def entry_path(folder: Path, key: str) -> Path:
+    return Path(folder) / f"{key}.pt"
+
+
+def _to_cpu(payload):
+    if isinstance(payload, Tensor):
+        return payload.detach().cpu()
+    if isinstance(payload, dict):
+        return {k: _to_cpu(v) for k, v in payload.items()}
+    if isinstance(payload, (list, tuple)):
+        return type(payload)(_to_cpu(v) for v in payload)
+    return payload
+
+
+def save_entry(folder: Path, key: str, payload, meta: dict) -> Path:
+    """Write ``payload`` (tensors moved to CPU) as the entry ``key``, atomically.
+
+    Raises:
+        TypeError: the payload holds an object the cache does not store (see :func:`check_payload`).
+        OSError: the folder cannot be written.
+    """
+    check_payload(payload)
+    buffer = io.BytesIO()
+    torch.save(_to_cpu(payload), buffer)
+    body = buffer.getvalue()
+    header = {"key": key, "sha256": hashlib.sha256(body).hexdigest(), "n_bytes": len(body), "meta": meta}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = entry_path(folder, key)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key[:16]}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC)
+            f.write(json.dumps(header, sort_keys=True).encode() + b"\n")
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return final
+
+
+def read_entry(folder: Path, key: str, expect_meta: dict | None = None):
+    """The payload of entry ``key``, or ``None`` if there is none.
+
+    Args:
+        folder: the cache folder.
+        key: the entry's key.
+        expect_meta: items the entry's metadata must hold (e.g. the configuration).
+
+    Raises:
+        CorruptEntry: the file exists but is truncated, garbled, belongs to another
+            key or configuration, or holds something ``weights_only`` loading refuses.
+    """
+    path = entry_path(folder, key)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if not data.startswith(MAGIC):
+        raise CorruptEntry("no cache header")
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise CorruptEntry("header cut off")
+    try:
+        header = json.loads(data[len(MAGIC):end])
+    except ValueError as e:
+        raise CorruptEntry(f"unreadable header ({e})") from None
+    if not isinstance(header, dict):
+        raise CorruptEntry("header is not a JSON object")
+    body = data[end + 1:]
+    if header.get("key") != key:
+        raise CorruptEntry(f"entry holds key {str(header.get('key'))[:16]}..., not {key[:16]}...")
+    if header.get("n_bytes") != len(body):
+        raise CorruptEntry(f"payload has {len(body)} bytes, header says {header.get('n_bytes')} (truncated?)")
+    if header.get("sha256") != hashlib.sha256(body).hexdigest():
+        raise CorruptEntry("payload checksum mismatch")
+    meta = header.get("meta", {})
+    for name, value in (expect_meta or {}).items():
+        if meta.get(name) != value:
+            raise CorruptEntry(f"metadata {name!r} differs from the request")
+    try:
+        return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    except Exception as e:  # the unpickler's errors vary by cause
+        raise CorruptEntry(f"payload refused by weights_only loading ({type(e).__name__}: {e})") from None
+
+
+def clear(folder=None, older_than_s: float = 0.0) -> int:
+    """Remove entries and leftover temporary files from the cache folder; returns how many.
+
+    Args:
+        folder: the cache folder (default :func:`cache_dir`).
+        older_than_s: only files last modified at least this many seconds ago.
+    """
+    folder = cache_dir(folder)
+    if folder is None or not folder.is_dir():
+        return 0
+    now, removed = time.time(), 0
+    for path in list(folder.glob("*.pt")) + list(folder.glob(".*.tmp")):
+        try:
+            if now - path.stat().st_mtime >= older_than_s:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def warn_corrupt(path: Path, reason: str) -> None:
+    warnings.warn(f"results cache: entry {path.name} is unusable ({reason}); recomputing it", RuntimeWarning,
+                  stacklevel=3)

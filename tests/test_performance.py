@@ -1,0 +1,420 @@
+"""Tests of the performance layer: batched multi-offset sweeps, the results cache, the command line.
+
+Nothing here is timed: speed is only printed by ``python -m lengthgen_utils.bench``.
+"""
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from lengthgen_utils import cache as lg_cache
+from lengthgen_utils import experiments
+from lengthgen_utils.__main__ import format_sweep_table, main
+from lengthgen_utils.experiments import (PROFILES, Profile, RetrievalExperiment, RetrievalSweep, load_or_run,
+                                         run_retrieval, run_sweep)
+from lengthgen_utils.models import RetrievalHead
+from lengthgen_utils.positional import apply_rope, rope_cos_sin
+from lengthgen_utils.tasks import FixedOffsetRetrieval
+from lengthgen_utils.training import cpu_threads, default_cpu_threads, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- models of one ensemble stay independent
+@pytest.mark.parametrize("pe", ["rope", "ape"])
+def test_ensemble_with_different_offsets_and_seeds_equals_each_model_alone(pe):
+    offsets, seeds = [1, 3, 5, 3], [0, 0, 1, 7]
+    tasks = [FixedOffsetRetrieval(16, k) for k in offsets]
+    # float64, so that the only differences are rounding; any coupling between models would show at O(1).
+    ensemble = RetrievalHead(16, 32, 16, pe, max_len=32, n_models=4, seeds=seeds).double()
+    hist = train(ensemble, tasks, steps=30, batch_size=32, seed=5, device="cpu", min_train_len=7)
+    for i, (k, s) in enumerate(zip(offsets, seeds)):
+        alone = RetrievalHead(16, 32, 16, pe, max_len=32, n_models=1, seeds=[s]).double()
+        hist1 = train(alone, FixedOffsetRetrieval(16, k), steps=30, batch_size=32, seed=5, device="cpu",
+                      min_train_len=7)
+        torch.testing.assert_close(hist1[:, 0], hist[:, i], rtol=1e-6, atol=1e-7)
+        for (name, p_alone), (_, p_ens) in zip(alone.named_parameters(), ensemble.named_parameters()):
+            rel = float(((p_alone[0] - p_ens[i]).norm() / p_ens[i].norm()).detach())
+            assert rel < 1e-9, (i, name, rel)
+    # the offsets really differ: models 1 and 3 share seed-free setup but not the seed; models 0/1 share seed 0
+    assert not torch.allclose(hist[:, 0], hist[:, 1])
+
+
+def test_min_train_len_changes_the_stream_and_is_validated():
+    task = FixedOffsetRetrieval(16, 1)
+    h_default = train(RetrievalHead(n_models=1), task, steps=5, batch_size=8, device="cpu")
+    h_long = train(RetrievalHead(n_models=1), task, steps=5, batch_size=8, device="cpu", min_train_len=12)
+    assert not torch.equal(h_default, h_long)
+    with pytest.raises(ValueError, match="min_train_len"):
+        train(RetrievalHead(n_models=1), FixedOffsetRetrieval(16, 5), steps=1, min_train_len=6)  # needs >= 7
+    with pytest.raises(ValueError, match="min_train_len"):
+        train(RetrievalHead(n_models=1), task, steps=1, train_len=16, min_train_len=17)
+    with pytest.raises(ValueError, match="min_train_len"):
+        RetrievalExperiment(offset=3, min_train_len=4)
+
+
+def test_sweep_member_equals_its_experiment_run_alone(tmp_path):
+    sweep = RetrievalSweep(pes=("rope", "ape"), offsets=(1, 3), n_seeds=2, steps=40, batch_size=64,
+                           eval_samples=256, length_multiples=(1, 2))
+    result = run_sweep(sweep, device="cpu", cache=tmp_path)
+    assert result.accuracy[("ape", "softmax")].shape == (2, 2, 2)
+    assert result.loss_history[("rope", "softmax")].shape == (40, 2, 2)
+    assert result.models[("rope", "softmax")].n_models == 4
+    for pe in ("rope", "ape"):
+        for k in (1, 3):
+            exp = sweep.experiment(pe, k)
+            assert exp.min_train_len == (None if k == 3 else 5)  # the sweep's shared stream: lengths 5..16
+            alone = run_retrieval(exp, device="cpu", cache=False)
+            member = result.result(pe, k)
+            assert member.experiment == exp
+            torch.testing.assert_close(member.loss_history, alone.loss_history, rtol=1e-5, atol=1e-5)
+            # float32 rounding may flip at most a near-tie prediction
+            assert (member.accuracy - alone.accuracy).abs().max() <= 1 / 256 + 1e-12
+            torch.testing.assert_close(member.model.scores(32), alone.model.scores(32), rtol=1e-4, atol=1e-4)
+            assert member.model.seeds == (0, 1)
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    (dict(offsets=(1, 1)), ValueError, "distinct"),
+    (dict(offsets=(1, 15)), ValueError, "train_len"),
+    (dict(offsets=(0, 1)), ValueError, "offsets"),
+    (dict(pes=("rope", "alibi-typo")), ValueError, "pe must be one of"),
+    (dict(attentions=("relu",)), ValueError, "attention"),
+    (dict(pes="rope"), TypeError, "pes"),
+    (dict(offsets=(1, 5), min_train_len=6), ValueError, "min_train_len"),
+])
+def test_sweep_rejects_bad_configuration(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        RetrievalSweep(**kwargs)
+
+
+def test_sweep_from_profile_and_its_experiments():
+    sweep = RetrievalSweep.from_profile(PROFILES["full"])
+    assert sweep.offsets == (1, 2, 3, 5, 8) and sweep.n_seeds >= 10
+    assert sweep.attentions == ("softmax", "linear")
+    assert max(sweep.eval_lengths) == 64 * sweep.train_len
+    assert sweep.n_models == 5 * sweep.n_seeds and sweep.shortest_train_len == 10
+    assert sweep.experiment("ape", 8, "linear").min_train_len is None
+    assert sweep.experiment("ape", 1, "linear").min_train_len == 10
+    with pytest.raises(ValueError, match="offset"):
+        sweep.experiment("rope", 4)
+    assert PROFILES["full"].transformer_seeds >= 5
+
+
+def test_subset_copies_members_in_order():
+    model = RetrievalHead(n_models=4, seeds=[5, 6, 7, 8])
+    sub = model.subset([3, 1])
+    assert sub.seeds == (8, 6)
+    torch.testing.assert_close(sub.scores(20), model.scores(20)[[3, 1]], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="indices"):
+        model.subset([4])
+
+
+# ---------------------------------------------------------------- hot-path pieces keep the numbers
+def test_memoised_rope_tables_equal_apply_rope_bit_for_bit():
+    x = torch.randn(3, 40, 16, generator=torch.Generator().manual_seed(0))
+    from lengthgen_utils.positional import rotate_pairs
+
+    cos, sin = rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))
+    assert torch.equal(rotate_pairs(x, cos, sin), apply_rope(x, torch.arange(40) + 1000))
+    assert rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))[0] is cos  # memoised
+    with pytest.raises(ValueError, match="d_head"):
+        rope_cos_sin(8, 15)
+
+
+def test_tables_first_built_in_inference_mode_still_train():
+    rope_cos_sin.cache_clear()
+    model = RetrievalHead(n_models=2)
+    with torch.inference_mode():
+        model.scores(13)
+    hist = train(model, FixedOffsetRetrieval(16, 3), steps=3, batch_size=8, device="cpu", fixed_length=True,
+                 train_len=13)
+    assert torch.isfinite(hist).all()
+
+
+def test_cpu_threads_restores_the_setting(monkeypatch):
+    before = torch.get_num_threads()
+    with cpu_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    monkeypatch.setenv("LENGTHGEN_THREADS", "2")
+    assert default_cpu_threads() == 2
+    monkeypatch.setenv("LENGTHGEN_THREADS", "zero")
+    with pytest.raises(ValueError, match="LENGTHGEN_THREADS"):
+        default_cpu_threads()
+
+
+# ---------------------------------------------------------------- the results cache
+@dataclass(frozen=True)
+class ToyConfig:
+    size: int = 3
+    scale: float = 1.5
+
+
+class Counter:
+    """A compute function that records its calls."""
+
+    def __init__(self, size=3):
+        self.calls, self.size = 0, size
+
+    def __call__(self):
+        self.calls += 1
+        return {"x": torch.arange(self.size, dtype=torch.float32) * 1.5, "lengths": [16, 32], "name": "toy",
+                "nested": {"y": torch.ones(2, 2)}}
+
+
+def only_entry(folder: Path) -> Path:
+    entries = list(folder.glob("*.pt"))
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+def test_cache_miss_then_hit(tmp_path):
+    compute = Counter()
+    first, status1 = load_or_run(ToyConfig(), compute, cache=tmp_path)
+    second, status2 = load_or_run(ToyConfig(), compute, cache=tmp_path)
+    assert (status1, status2, compute.calls) == ("miss", "hit", 1)
+    assert torch.equal(first["x"], second["x"]) and second["lengths"] == [16, 32] and second["name"] == "toy"
+    assert torch.equal(second["nested"]["y"], torch.ones(2, 2))
+    _, status3 = load_or_run(ToyConfig(size=4), Counter(4), cache=tmp_path)  # another config: another entry
+    assert status3 == "miss" and len(list(tmp_path.glob("*.pt"))) == 2
+
+
+def test_cache_key_covers_config_version_code_torch_and_device(monkeypatch):
+    base = experiments.cache_description(ToyConfig(), "cpu")
+    key = lg_cache.make_key(base)
+    assert base["config"] == {"size": 3, "scale": 1.5} and base["kind"].endswith("ToyConfig")
+    assert lg_cache.make_key(experiments.cache_description(ToyConfig(scale=1.50001), "cpu")) != key
+    assert lg_cache.make_key(experiments.cache_description(ToyConfig(), "cuda")) != key
+    monkeypatch.setattr(experiments, "__version__", "9.9.9")
+    assert lg_cache.make_key(experiments.cache_description(ToyConfig(), "cpu")) != key
+    monkeypatch.setattr(lg_cache, "_FINGERPRINT", "0" * 16)
+    assert experiments.cache_description(ToyConfig(), "cpu")["code"] == "0" * 16
+    assert {"lengthgen_utils", "code", "torch", "device"} <= set(base)
+
+
+def test_stale_entry_of_another_version_is_not_used(tmp_path, monkeypatch):
+    compute = Counter()
+    load_or_run(ToyConfig(), compute, cache=tmp_path)
+    monkeypatch.setattr(experiments, "__version__", "0.0.0-other")
+    _, status = load_or_run(ToyConfig(), compute, cache=tmp_path)
+    assert status == "miss" and compute.calls == 2
+
+
+def _corrupt_garbage(path):
+    path.write_bytes(b"\x00\xffnot a cache entry" * 10)
+
+
+def _corrupt_truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _corrupt_flip_payload_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-40] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _corrupt_empty(path):
+    path.write_bytes(b"")
+
+
+def _corrupt_header_only(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index(b"\n", len(lg_cache.MAGIC)) + 1])
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_garbage, _corrupt_truncate, _corrupt_flip_payload_byte,
+                                     _corrupt_empty, _corrupt_header_only])
+def test_corrupt_entry_is_detected_and_recomputed(tmp_path, corrupt):
+    compute = Counter()
+    good, _ = load_or_run(ToyConfig(), compute, cache=tmp_path)
+    corrupt(only_entry(tmp_path))
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        again, status = load_or_run(ToyConfig(), compute, cache=tmp_path)
+    assert status == "recomputed" and compute.calls == 2
+    assert torch.equal(again["x"], good["x"])
+    _, status = load_or_run(ToyConfig(), compute, cache=tmp_path)  # the rewritten entry is good
+    assert status == "hit" and compute.calls == 2
+
+
+def test_entry_of_another_key_is_refused(tmp_path):
+    load_or_run(ToyConfig(size=3), Counter(3), cache=tmp_path)
+    other_key = lg_cache.make_key(experiments.cache_description(ToyConfig(size=4), None))
+    only_entry(tmp_path).rename(lg_cache.entry_path(tmp_path, other_key))
+    compute = Counter(4)
+    with pytest.warns(RuntimeWarning, match="key"):
+        payload, status = load_or_run(ToyConfig(size=4), compute, cache=tmp_path)
+    assert status == "recomputed" and payload["x"].shape == (4,)
+
+
+class NotATensor:
+    """An arbitrary object: weights_only loading must refuse it."""
+
+    def __init__(self):
+        self.value = 3
+
+
+def test_entry_holding_an_arbitrary_object_is_refused_even_with_a_valid_checksum(tmp_path):
+    description = experiments.cache_description(ToyConfig(), None)
+    key = lg_cache.make_key(description)
+    buffer = io.BytesIO()
+    torch.save({"x": NotATensor()}, buffer)
+    body = buffer.getvalue()
+    header = {"key": key, "sha256": hashlib.sha256(body).hexdigest(), "n_bytes": len(body),
+              "meta": {"description": description}}
+    lg_cache.entry_path(tmp_path, key).write_bytes(lg_cache.MAGIC + json.dumps(header).encode() + b"\n" + body)
+    compute = Counter()
+    with pytest.warns(RuntimeWarning, match="weights_only"):
+        payload, status = load_or_run(ToyConfig(), compute, cache=tmp_path)
+    assert status == "recomputed" and isinstance(payload["x"], torch.Tensor)
+
+
+def test_payloads_that_are_not_plain_data_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="payload"):
+        load_or_run(ToyConfig(), lambda: {"model": RetrievalHead()}, cache=tmp_path)
+    with pytest.raises(TypeError, match="keys must be str"):
+        load_or_run(ToyConfig(), lambda: {1: torch.ones(1)}, cache=tmp_path)
+    with pytest.raises(TypeError, match="dataclass"):
+        load_or_run({"size": 3}, Counter(), cache=tmp_path)
+    assert not list(tmp_path.glob("*"))
+
+
+def test_cache_can_be_switched_off(tmp_path, monkeypatch):
+    compute = Counter()
+    assert load_or_run(ToyConfig(), compute, cache=False)[1] == "off"
+    monkeypatch.setenv("LENGTHGEN_CACHE", "off")
+    assert load_or_run(ToyConfig(), compute, cache=True)[1] == "off"
+    monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path / "here"))
+    assert load_or_run(ToyConfig(), compute, cache=True)[1] == "miss"
+    assert len(list((tmp_path / "here").glob("*.pt"))) == 1 and compute.calls == 3
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import json, os, sys, time, torch
+    from lengthgen_utils import cache
+    def hang(*args, **kwargs):
+        print("HANGING", flush=True)
+        time.sleep(600)
+    folder, description, where = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    setattr(os, where, hang)
+    cache.save_entry(folder, cache.make_key(description), {"x": torch.arange(3, dtype=torch.float32)},
+                     {"description": description})
+""")
+
+
+@pytest.mark.parametrize("hang_in", ["fsync", "replace"])
+def test_a_killed_write_leaves_no_entry_and_is_recomputed(tmp_path, hang_in):
+    """The writer of ToyConfig's entry is killed half way (before its data is synced, or before the rename)."""
+    description = experiments.cache_description(ToyConfig(), None)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path), json.dumps(description), hang_in],
+                             env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "HANGING"  # the write is under way
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert list(tmp_path.glob("*.pt")) == []  # no entry: only the temporary file
+    assert len(list(tmp_path.glob(".*.tmp"))) == 1
+    compute = Counter()
+    _, status = load_or_run(ToyConfig(), compute, cache=tmp_path)
+    assert status == "miss" and compute.calls == 1
+    assert load_or_run(ToyConfig(), compute, cache=tmp_path)[1] == "hit"
+    assert lg_cache.clear(tmp_path) == 2 and not list(tmp_path.iterdir())
+
+
+_CONCURRENT_WRITER = textwrap.dedent("""
+    import sys, torch
+    from lengthgen_utils import cache
+    payload = {"w": torch.arange(200_000, dtype=torch.float32), "tag": "same"}
+    for _ in range(int(sys.argv[3])):
+        cache.save_entry(sys.argv[1], sys.argv[2], payload, {"description": "concurrent"})
+""")
+
+
+def test_two_writers_at_once_never_expose_a_partial_entry(tmp_path):
+    key = "c" * 64
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    writers = [subprocess.Popen([sys.executable, "-c", _CONCURRENT_WRITER, str(tmp_path), key, "25"], env=env)
+               for _ in range(2)]
+    reads = 0
+    while any(w.poll() is None for w in writers):
+        payload = lg_cache.read_entry(tmp_path, key, expect_meta={"description": "concurrent"})  # raises if torn
+        if payload is not None:
+            assert payload["tag"] == "same" and int(payload["w"][-1]) == 199_999
+            reads += 1
+        time.sleep(0.005)
+    assert all(w.returncode == 0 for w in writers)
+    final = lg_cache.read_entry(tmp_path, key, expect_meta={"description": "concurrent"})
+    assert torch.equal(final["w"], torch.arange(200_000, dtype=torch.float32))
+    assert list(tmp_path.glob(".*.tmp")) == [] and reads >= 1
+
+
+def test_run_retrieval_goes_through_the_cache(tmp_path, monkeypatch):
+    exp = RetrievalExperiment(pe="ape", n_seeds=2, steps=20, batch_size=32, eval_samples=64,
+                              length_multiples=(1, 2))
+    fresh = run_retrieval(exp, device="cpu", cache=tmp_path)
+    assert fresh.extra["cache"] == "miss"
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a warm cache must not train")
+
+    monkeypatch.setattr(experiments, "train", no_training)
+    loaded = run_retrieval(exp, device="cpu", cache=tmp_path)
+    assert loaded.extra["cache"] == "hit"
+    assert torch.equal(loaded.accuracy, fresh.accuracy) and torch.equal(loaded.loss_history, fresh.loss_history)
+    for (name, a), (_, b) in zip(loaded.model.named_parameters(), fresh.model.named_parameters()):
+        assert torch.equal(a.cpu(), b.cpu()), name
+    assert loaded.model.seeds == (0, 1) and loaded.lengths == [16, 32]
+
+
+# ---------------------------------------------------------------- command line
+TINY = Profile("quick", n_seeds=1, steps=20, batch_size=32, eval_samples=64, length_multiples=(1, 2),
+               offsets=(1, 3), attentions=("softmax",))
+
+
+def test_command_line_run_prints_a_summary_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(PROFILES, "quick", TINY)
+    monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path))
+    assert main(["run", "--profile", "quick", "--suite", "single-head", "--seeds", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "mean over 2 seeds" in out and "wall time" in out
+    table = [line for line in out.splitlines() if line.startswith(("rope ", "ape ", "nope "))]
+    assert len(table) == 3 * 2  # PE x offsets, one attention type
+    assert main(["run", "--profile", "quick", "--suite", "single-head", "--seeds", "2", "--device", "cpu"]) == 0
+    assert "rope/softmax hit" in capsys.readouterr().out
+    assert main(["run", "--profile", "quick", "--suite", "transformer"]) == 2
+    assert "not available yet" in capsys.readouterr().out
+    assert main(["cache", "info"]) == 0
+    assert "3 entries" in capsys.readouterr().out
+
+
+def test_summary_table_reports_mean_and_worst_seed(tmp_path):
+    sweep = RetrievalSweep(pes=("nope",), offsets=(2,), n_seeds=2, steps=5, batch_size=16, eval_samples=64,
+                           length_multiples=(1, 2))
+    result = run_sweep(sweep, device="cpu", cache=False)
+    acc = result.accuracy[("nope", "softmax")][0]
+    line = format_sweep_table(result).splitlines()[-1]
+    assert line.split()[:3] == ["nope", "softmax", "2"]
+    assert f"{float(acc[:, 0].mean()):.3f} ({float(acc[:, 0].min()):.2f})" in line
+
+
+def test_benchmark_smoke(capsys):
+    from lengthgen_utils import bench
+
+    assert bench.main(["--sizes", "1", "2", "--steps", "2", "--reps", "1", "--seq-models", "1", "--sweep", "none",
+                       "--no-thread-comparison", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "model-steps/s" in out and "MFLOP" in out and "ratio" in out
