@@ -250,3 +250,27 @@ def cosine_similarity(x: Tensor, y: Tensor) -> Tensor:
     """Cosine similarity of kernels along the last dimension (float64): ``x.y / (|x| |y|)``."""
     x, y = x.to(torch.float64), y.to(torch.float64)
     return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1))
+
+
+def distractor_ratio(kernel: Tensor, offset: int) -> Tensor:
+    """Scale-free noise of a linear readout: ``sum_{j != target} s_j^2 / s_target^2`` over content positions.
+
+    With i.i.d. uniform tokens each distractor adds ``s_j`` to a random class, so this
+    ratio is the variance of the class noise relative to the target's signal (up to
+    the factor ``1/V``). For a kernel that is 0 on every non-target offset it is 0;
+    it grows without bound with ``L`` when ``s`` does not vanish off the training window.
+
+    Args:
+        kernel: ``[..., L]`` weights over positions ``0 .. L-1`` (the last is the query, not counted).
+        offset: k <= L - 2.
+
+    Returns:
+        ``[...]`` float64.
+    """
+    offset = check_int("offset", offset, minimum=1)
+    seq_len = kernel.shape[-1]
+    if offset > seq_len - 2:
+        raise ValueError(f"offset must be <= seq_len - 2 = {seq_len - 2}; got offset={offset}")
+    s = kernel[..., :-1].to(torch.float64)
+    target = s[..., seq_len - 1 - offset]
+    return ((s ** 2).sum(-1) - target ** 2) / target ** 2
