@@ -154,6 +154,10 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
 
 # --- chapter 6: linear-attention control and min-norm interpolant
 
+# many legend entries: below the plot, so they never run into the title
+_LEGEND_BELOW = dict(height=FIGURE_HEIGHT + 140, margin=dict(l=70, r=30, t=100, b=180),
+                     legend=dict(orientation="h", x=0.0, xanchor="left", y=-0.2, yanchor="top"))
+
 def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
                    y_title: str = "attention weight s(D), scaled so that s(-k) = 1") -> go.Figure:
     """Offset kernels ``s(D)`` against the offset, with the training window shaded.
@@ -193,7 +197,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
                   annotation_text="trained offsets", annotation_position="top left")
     fig.add_vline(x=-target_offset, line=dict(color="black", dash="dot", width=1))
     fig.add_hline(y=0, line=dict(color="black", width=0.5))
-    fig.update_layout(title=title)
+    fig.update_layout(title=title, **_LEGEND_BELOW)
     fig.update_xaxes(title="offset D = key position - query position (tokens)")
     fig.update_yaxes(title=y_title)
     return fig
@@ -229,9 +233,9 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
                                  marker=dict(color=color, size=10, symbol="circle-open", line=dict(width=2)),
                                  error_y=dict(type="data", symmetric=False, array=measured.max(0) - mean,
                                               arrayminus=mean - measured.min(0))))
-    fig.add_vline(x=train_len, line=dict(color="gray", dash="dash", width=1),
-                  annotation_text="training length", annotation_position="top left")
-    fig.update_layout(title=title)
+    fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dash", width=1),  # log axis: log10 units
+                  annotation_text="training length", annotation_position="top right")
+    fig.update_layout(title=title, **_LEGEND_BELOW)
     fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log")
     fig.update_yaxes(title=y_title, type="log")
     return fig
