@@ -233,9 +233,12 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
                                  marker=dict(color=color, size=10, symbol="circle-open", line=dict(width=2)),
                                  error_y=dict(type="data", symmetric=False, array=measured.max(0) - mean,
                                               arrayminus=mean - measured.min(0))))
-    fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dash", width=1),  # log axis: log10 units
+    fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dash", width=1.5),  # log axis: log10 units
                   annotation_text="training length", annotation_position="top right")
     fig.update_layout(title=title, **_LEGEND_BELOW)
-    fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log")
+    ticks = sorted({int(x) for _, (lengths, _, _) in curves.items() for x in lengths} | {int(train_len)})
+    fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log", tickvals=ticks,
+                     ticktext=[str(t) for t in ticks],
+                     range=[float(np.log10(ticks[0])) - 0.1, float(np.log10(ticks[-1])) + 0.1])
     fig.update_yaxes(title=y_title, type="log")
     return fig
