@@ -120,3 +120,28 @@ def accuracy_with_logit_scale(model, task, lengths, logit_scale, n_samples: int 
         logits = torch.bmm(weights, table)
         out[:, col] = (logits.argmax(-1) == batch_targets(tasks, tokens)).double().mean(1).cpu()
     return out
+
+
+@torch.no_grad()
+def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 12345) -> Tensor:
+    """Per-model mean squared loss ``||o - e(y)||^2`` of a model with outputs ``[M, B, V]`` at each length.
+
+    For the linear-readout models of chapter 6 (e.g. :class:`~lengthgen_utils.models.KernelHead`);
+    fresh sequences per length from ``seed``, shared by all models.
+
+    Returns:
+        float64 ``[M, len(lengths)]`` on CPU.
+    """
+    from .training import ensemble_squared_error
+
+    lengths = check_int_sequence("lengths", lengths, minimum=2)
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    tasks = as_task_list(task, model.n_models)
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
+    for col, seq_len in enumerate(lengths):
+        tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
+        outputs, _ = model(tokens)
+        out[:, col] = ensemble_squared_error(outputs.double(), batch_targets(tasks, tokens)).cpu()
+    return out

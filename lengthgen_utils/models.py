@@ -207,3 +207,92 @@ class RetrievalHead(nn.Module):
             for (name, p_copy), (_, p) in zip(copy.named_parameters(), self.named_parameters()):
                 p_copy.copy_(p[index])
         return copy
+
+
+class KernelHead(nn.Module):
+    """A directly parameterised RoPE offset kernel with linear attention and one-hot values (chapter 6).
+
+    The exactly solvable version of the linear-attention control: the head's
+    attention weight on the key at offset ``D = j - (L-1)`` is the kernel
+    ``s(D) = Phi(D) . c`` itself (no softmax, no normaliser, no scale), with
+    ``Phi(D) = [cos(theta_i D)]_i ++ [sin(theta_i D)]_i`` (RoPE frequencies
+    ``theta_i``, see :func:`~lengthgen_utils.theory.rope_kernel_features`) and
+    ``c`` in ``R^{d_head}`` the only parameter. Values are one-hot over the V
+    content tokens (the query token's value is zero)::
+
+        output_v = sum_{j=0}^{L-1} s(j - (L-1)) [x_j == v],   v = 0 .. V-1
+
+    A factorised RoPE head with ``q = W_Q u``, ``k = W_K u`` realises every
+    ``c`` (:func:`~lengthgen_utils.theory.rope_kernel_coefficients`), so this is
+    the same function class with the kernel as the parameter.
+
+    Args:
+        vocab_size: V content tokens (inputs may also hold the query token V).
+        d_head: even; ``c`` has ``d_head`` entries (``d_head // 2`` frequencies).
+        rope_base: RoPE base.
+        n_models: ensemble size M.
+        seeds: one seed per model (default ``0 .. M-1``).
+        init_std: std of the initial ``c`` (0 gives ``c = 0``, the start the min-norm theorem needs).
+        frequencies: optional explicit ``theta [d_head // 2]`` instead of RoPE's (the well-conditioned variant).
+
+    Shapes:
+        ``forward(tokens [B, L] or [M, B, L])`` returns ``outputs [M, B, V]`` and the attention
+        weights ``[M, B, L]``.
+
+    Raises:
+        ValueError / TypeError: bad sizes at construction; bad tokens at ``forward``.
+    """
+
+    def __init__(self, vocab_size: int = 16, d_head: int = 16, rope_base: float = 10000.0, n_models: int = 1,
+                 seeds=None, init_std: float = 0.0, frequencies=None):
+        super().__init__()
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=2)
+        self.d_head = check_int("d_head", d_head, minimum=2)
+        self.rope_base = float(rope_base)
+        from .theory import kernel_frequencies
+
+        self.frequencies = kernel_frequencies(self.d_head, self.rope_base, frequencies)  # validates
+        init_std = check_positive_float("init_std", init_std, allow_zero=True)
+        n_models = check_int("n_models", n_models, minimum=1)
+        seeds = tuple(range(n_models)) if seeds is None else check_int_sequence("seeds", seeds, minimum=0)
+        if len(seeds) != n_models:
+            raise ValueError(f"seeds must have n_models={n_models} entries; got {len(seeds)}")
+        self.seeds = seeds
+        c = torch.stack([torch.randn(d_head, generator=torch.Generator().manual_seed(s)) * init_std for s in seeds])
+        self.c = nn.Parameter(c)
+
+    @property
+    def n_models(self) -> int:
+        return self.c.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.c.device
+
+    def kernel(self, offsets) -> Tensor:
+        """``s(D)`` at the given integer offsets: ``[M, n]`` (float32, differentiable in ``c``)."""
+        from .theory import rope_kernel_features
+
+        phi = rope_kernel_features(offsets, self.d_head, self.rope_base, self.frequencies).to(self.c)
+        return self.c @ phi.T
+
+    def scores(self, seq_len: int) -> Tensor:
+        """Attention weights of the last position over keys ``j = 0 .. L-1``: ``[M, L]``."""
+        seq_len = check_int("seq_len", seq_len, minimum=1)
+        return self.kernel(torch.arange(seq_len) - (seq_len - 1))
+
+    attention_row = scores
+
+    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        if not isinstance(tokens, Tensor) or tokens.dtype != torch.long:
+            raise TypeError(f"tokens must be a LongTensor [B, L] or [M, B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+        if tokens.dim() not in (2, 3) or (tokens.dim() == 3 and tokens.shape[0] != self.n_models):
+            raise ValueError(f"tokens must have shape [B, L] or [M={self.n_models}, B, L]; got {tuple(tokens.shape)}")
+        n_tokens = self.vocab_size + 1
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
+            raise ValueError(f"tokens must lie in [0, {n_tokens - 1}]; got values in [{int(tokens.min())}, {int(tokens.max())}]")
+        m, (b, seq_len) = self.n_models, tokens.shape[-2:]
+        attn = self.scores(seq_len)  # [M, L]
+        out = torch.zeros(m, b, n_tokens, device=self.device, dtype=attn.dtype)
+        out.scatter_add_(2, tokens.expand(m, b, seq_len), attn[:, None, :].expand(m, b, seq_len))
+        return out[..., : self.vocab_size], attn[:, None, :].expand(m, b, seq_len)

@@ -301,4 +301,94 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
                       yaxis=dict(range=frames[0].layout.yaxis.range))
     fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
     fig.update_yaxes(title="1/p - 1 (distractor / target attention, log scale)", type="log", exponentformat="power")
+
+# --- chapter 6: linear-attention control and min-norm interpolant
+
+# many legend entries: below the plot, so they never run into the title
+_LEGEND_BELOW = dict(height=FIGURE_HEIGHT + 140, margin=dict(l=70, r=30, t=100, b=180),
+                     legend=dict(orientation="h", x=0.0, xanchor="left", y=-0.2, yanchor="top"))
+
+def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
+                   y_title: str = "attention weight s(D), scaled so that s(-k) = 1") -> go.Figure:
+    """Offset kernels ``s(D)`` against the offset, with the training window shaded.
+
+    Args:
+        curves: ``{name: (offsets [n], values [n] or [n_seeds, n])}``; a 2-D array is drawn as its mean
+            with a min..max band.
+        train_len: the training offsets ``-(train_len-1) .. -1`` are shaded.
+        target_offset: k; a dotted vertical line marks ``D = -k``.
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure`` (x: offset D in tokens, key minus query).
+
+    Raises:
+        ValueError: ``curves`` is empty or an array does not match its offsets.
+    """
+    if not curves:
+        raise ValueError("curves must name at least one curve")
+    fig = go.Figure()
+    palette = ["#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b"]
+    for i, (name, (offsets, values)) in enumerate(curves.items()):
+        offsets = np.asarray(offsets)
+        values = np.atleast_2d(np.asarray(values, dtype=float))
+        if values.shape[1] != len(offsets):
+            raise ValueError(f"values for {name!r} must have {len(offsets)} columns; got {values.shape}")
+        color = palette[i % len(palette)]
+        if values.shape[0] > 1:
+            fig.add_trace(go.Scatter(x=np.concatenate([offsets, offsets[::-1]]),
+                                     y=np.concatenate([values.max(0), values.min(0)[::-1]]), mode="lines",
+                                     fill="toself", fillcolor=_rgba(color, 0.2), line=dict(width=0),
+                                     hoverinfo="skip", showlegend=False, legendgroup=name))
+        label = name if values.shape[0] == 1 else f"{name} (mean of {values.shape[0]})"
+        fig.add_trace(go.Scatter(x=offsets, y=values.mean(0), mode="lines", name=label, legendgroup=name,
+                                 line=dict(color=color, width=2, dash="dash" if i % 2 else "solid")))
+    fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=-0.5, fillcolor="gray", opacity=0.12, line_width=0,
+                  annotation_text="trained offsets", annotation_position="top left")
+    fig.add_vline(x=-target_offset, line=dict(color="black", dash="dot", width=1))
+    fig.add_hline(y=0, line=dict(color="black", width=0.5))
+    fig.update_layout(title=title, **_LEGEND_BELOW)
+    fig.update_xaxes(title="offset D = key position - query position (tokens)")
+    fig.update_yaxes(title=y_title)
+    return fig
+
+
+def predicted_vs_measured(curves: dict, train_len: int, title: str,
+                          y_title: str = "mean squared error ||o - e(y)||^2 (log scale)") -> go.Figure:
+    """A closed-form prediction (line) against measurements (markers: mean, error bars: min..max over seeds).
+
+    Args:
+        curves: ``{name: (lengths [n], predicted [n], measured [n_seeds, n])}``.
+        train_len: drawn as a vertical line.
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure`` with log axes (x: sequence length in tokens).
+    """
+    if not curves:
+        raise ValueError("curves must name at least one curve")
+    fig = go.Figure()
+    palette = ["#2ca02c", "#9467bd", "#1f77b4", "#ff7f0e"]
+    for i, (name, (lengths, predicted, measured)) in enumerate(curves.items()):
+        lengths = np.asarray(lengths)
+        predicted = np.asarray(predicted, dtype=float)
+        measured = np.atleast_2d(np.asarray(measured, dtype=float))
+        if predicted.shape != lengths.shape or measured.shape[1] != len(lengths):
+            raise ValueError(f"{name!r}: predicted must be [{len(lengths)}] and measured [n_seeds, {len(lengths)}]")
+        color = palette[i % len(palette)]
+        mean = measured.mean(0)
+        fig.add_trace(go.Scatter(x=lengths, y=predicted, mode="lines", name=f"{name}: predicted",
+                                 line=dict(color=color, width=2)))
+        fig.add_trace(go.Scatter(x=lengths, y=mean, mode="markers", name=f"{name}: measured (mean of {measured.shape[0]})",
+                                 marker=dict(color=color, size=10, symbol="circle-open", line=dict(width=2)),
+                                 error_y=dict(type="data", symmetric=False, array=measured.max(0) - mean,
+                                              arrayminus=mean - measured.min(0))))
+    fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dash", width=1.5),  # log axis: log10 units
+                  annotation_text="training length", annotation_position="top right")
+    fig.update_layout(title=title, **_LEGEND_BELOW)
+    ticks = sorted({int(x) for _, (lengths, _, _) in curves.items() for x in lengths} | {int(train_len)})
+    fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log", tickvals=ticks,
+                     ticktext=[str(t) for t in ticks],
+                     range=[float(np.log10(ticks[0])) - 0.1, float(np.log10(ticks[-1])) + 0.1])
+    fig.update_yaxes(title=y_title, type="log")
     return fig

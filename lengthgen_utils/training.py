@@ -185,3 +185,54 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
         bar.close()
     model.eval()
     return history.float().cpu()
+
+
+def ensemble_squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Per-model mean squared loss ``||o - e(y)||^2``: ``outputs [M, B, V]``, ``targets [M, B]`` -> ``[M]``."""
+    one_hot = F.one_hot(targets, outputs.shape[-1]).to(outputs.dtype)
+    return ((outputs - one_hot) ** 2).sum(-1).mean(1)
+
+
+def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 0.05,
+                       train_len: int = 16, seed: int = 0, device=None) -> Tensor:
+    """Train an ensemble with plain SGD on the squared loss (the min-norm setting of chapter 6).
+
+    Same data stream as :func:`train` (one length per step, uniform in
+    ``[min_seq_len, train_len]``; tokens from ``seed``), but the loss is
+    ``||o - e(y)||^2`` and the optimiser is plain SGD without momentum or
+    weight decay: each update is a multiple of the loss gradient, so a model
+    linear in its parameters never leaves the span of its gradients.
+
+    Args:
+        model: e.g. :class:`~lengthgen_utils.models.KernelHead`; its outputs ``[M, B, V]`` are compared
+            with one-hot targets.
+        task, steps, batch_size, train_len, seed, device: as in :func:`train`.
+        lr: SGD step size.
+
+    Returns:
+        loss history ``[steps, M]`` (float32, CPU).
+    """
+    steps = check_int("steps", steps, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    lr = check_positive_float("lr", lr)
+    seed = check_int("seed", seed, minimum=0)
+    tasks = as_task_list(task, model.n_models)
+    for t in tasks:
+        t.check_seq_len(train_len)
+    min_len = max(t.min_seq_len for t in tasks)
+    device = torch.device(device) if device is not None else default_device()
+    model.to(device)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    history = torch.empty(steps, model.n_models, device=device)
+    for step in range(steps):
+        seq_len = int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
+        tokens, _ = tasks[0].sample(batch_size, seq_len, gen)
+        tokens = tokens.to(device)
+        outputs, _ = model(tokens)
+        loss = ensemble_squared_error(outputs, batch_targets(tasks, tokens))
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        opt.step()
+        history[step] = loss.detach()
+    return history.float().cpu()

@@ -1,0 +1,157 @@
+"""Tests of chapter 6: the linear-attention control, the direct kernel head and the min-norm interpolant."""
+import math
+
+import pytest
+import torch
+
+from lengthgen_utils import theory as th
+from lengthgen_utils.evaluation import squared_error_by_length
+from lengthgen_utils.experiments import SPREAD_FREQUENCIES, factorized_kernel
+from lengthgen_utils.models import KernelHead, RetrievalHead
+from lengthgen_utils.positional import apply_rope, rope_inverse_frequencies
+from lengthgen_utils.tasks import FixedOffsetRetrieval
+from lengthgen_utils.training import train_squared_loss
+
+TASK = FixedOffsetRetrieval(16, 3)
+T = th.training_offsets(16, 3)
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_features_pinned():
+    phi = th.rope_kernel_features([0, -3], d_head=4, base=100.0)
+    expected = torch.tensor([[1.0, 1.0, 0.0, 0.0],
+                             [math.cos(-3), math.cos(-0.3), math.sin(-3), math.sin(-0.3)]], dtype=torch.float64)
+    torch.testing.assert_close(phi, expected)
+    assert T.tolist() == list(range(-15, 0))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_kernel_coefficients_reproduce_rope_scores(interleaved):
+    q, k = torch.randn(2, 16, generator=gen(1), dtype=torch.float64)
+    c = th.rope_kernel_coefficients(q, k, interleaved)
+    positions = torch.arange(40)
+    q_rot = apply_rope(q.expand(40, 16).clone(), positions, interleaved=interleaved)
+    k_rot = apply_rope(k.expand(40, 16).clone(), positions, interleaved=interleaved)
+    scores = k_rot @ q_rot[-1]  # query at 39, keys 0..39: offsets -39..0
+    torch.testing.assert_close(th.rope_kernel_features(positions - 39, 16) @ c, scores)
+
+
+def test_factorized_kernel_matches_the_linear_head():
+    model = RetrievalHead(attention="linear", n_models=3)
+    c = factorized_kernel(model)
+    for seq_len in (5, 16, 200):
+        s = c @ th.rope_kernel_features(torch.arange(seq_len) - (seq_len - 1), 16).T
+        torch.testing.assert_close(s, model.scores(seq_len).double(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="RoPE"):
+        factorized_kernel(RetrievalHead(pe="ape", max_len=32))
+
+
+def test_linear_attention_weights_are_the_raw_logits():
+    model = RetrievalHead(attention="linear", n_models=2)
+    torch.testing.assert_close(model.attention_row(20), model.scores(20))
+    softmax = RetrievalHead(attention="softmax", n_models=2)
+    torch.testing.assert_close(softmax.attention_row(20).sum(-1), torch.ones(2))
+    assert (model.attention_row(20).sum(-1) - 1).abs().min() > 1e-3  # no normaliser
+
+
+@pytest.mark.parametrize("head", ["linear", "kernel"])
+def test_query_output_is_causal_and_finite(head):
+    """The query's output is the explicit sum over positions 0..L-1 and is finite at every length."""
+    model = RetrievalHead(attention="linear", n_models=2) if head == "linear" else KernelHead(init_std=1.0, n_models=2)
+    tokens, _ = TASK.sample(4, 12, gen(2))
+    out, attn = model(tokens)
+    assert attn.shape == (2, 4, 12)  # one weight per position up to the query, none beyond
+    table = model.value_table() if head == "linear" else torch.eye(17)[:, :16].expand(2, 17, 16)  # [M, V+1, V]
+    per_position = torch.stack([table[i][tokens] for i in range(2)])  # [M, B, L, V]
+    ref = torch.einsum("ml,mblv->mbv", model.scores(12), per_position)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    # a prefix ending in a query only sees that prefix: appending tokens after the query cannot change it
+    longer = torch.cat([tokens, torch.randint(0, 16, (4, 5), generator=gen(3))], 1)
+    torch.testing.assert_close(model(longer[:, :12])[0], out)
+    for seq_len in (2 + 3, 256, 4096):
+        same = torch.zeros(1, seq_len, dtype=torch.long)
+        same[:, -1] = 16
+        assert torch.isfinite(model(same)[0]).all()
+
+
+def test_kernel_head_query_value_is_zero_and_gradient_stays_in_the_row_space():
+    model = KernelHead()
+    assert torch.equal(model.c, torch.zeros(1, 16))
+    history = train_squared_loss(model, TASK, steps=3, batch_size=64, lr=0.01, seed=0, device="cpu")
+    assert history.shape == (3, 1)
+    phi = th.rope_kernel_features(T, 16)
+    c = model.c.detach().double()[0]
+    projection = phi.T @ torch.linalg.lstsq(phi.T, c[:, None]).solution[:, 0]
+    assert (c - projection).norm() <= 1e-6 * c.norm()
+    assert c.norm() > 0
+    # the query token's value is zero: its weight s(0) never reaches the output
+    tokens = torch.full((1, 6), 16)
+    assert torch.equal(KernelHead(init_std=1.0)(tokens)[0], torch.zeros(1, 1, 16))
+
+
+def test_min_norm_interpolant_interpolates_and_is_shortest():
+    c = th.min_norm_interpolant(T, 3, 16, frequencies=SPREAD_FREQUENCIES)
+    phi = th.rope_kernel_features(T, 16, frequencies=SPREAD_FREQUENCIES)
+    torch.testing.assert_close(phi @ c, (T == -3).double(), atol=1e-10, rtol=0)
+    assert c.norm().item() == pytest.approx(0.36831, abs=1e-4)
+    null = torch.linalg.svd(phi).Vh[-1]  # 16 unknowns, 15 equations: one null direction
+    torch.testing.assert_close(phi @ null, torch.zeros(15, dtype=torch.float64), atol=1e-10, rtol=0)
+    assert (c + 0.1 * null).norm() > c.norm()
+    # with RoPE's frequencies the same system is numerically singular: the exact interpolant is enormous
+    assert th.min_norm_interpolant(T, 3, 16).norm() > 1e10
+
+
+def test_min_norm_interpolant_rejects_bad_input():
+    with pytest.raises(ValueError, match="target_offset"):
+        th.min_norm_interpolant([-1, -2], 3, 16)
+    with pytest.raises(TypeError, match="train_offsets"):
+        th.min_norm_interpolant(torch.tensor([-1.0, -3.0]), 3, 16)
+    with pytest.raises(ValueError, match="rcond"):
+        th.min_norm_interpolant(T, 3, 16, rcond=0.0)
+    with pytest.raises(ValueError, match="d_head"):
+        th.min_norm_interpolant(T, 3, 15)
+    with pytest.raises(ValueError, match="frequencies"):
+        th.rope_kernel_features(T, 16, frequencies=[1.0, 2.0])
+    with pytest.raises(ValueError, match="train_len"):
+        th.training_offsets(4, 3)
+
+
+def test_gradient_descent_closed_form_matches_iteration():
+    h, b, _ = th.squared_loss_quadratic(16, 3, 16, 16)
+    lr = 0.5 / torch.linalg.eigvalsh(h).max().item()
+    c = torch.zeros(16, dtype=torch.float64)
+    for _ in range(40):
+        c = c - lr * 2 * (h @ c - b)
+    torch.testing.assert_close(th.gradient_descent_kernel(h, b, lr, 40), c, atol=1e-10, rtol=1e-8)
+    with pytest.raises(ValueError, match="lr"):
+        th.gradient_descent_kernel(h, b, 2.0 / torch.linalg.eigvalsh(h).max().item(), 10)
+
+
+def test_expected_squared_error_matches_sampling_and_the_quadratic():
+    model = KernelHead(init_std=0.3, seeds=[4])
+    c = model.c.detach().double()[0]
+    lengths = [16, 40]
+    measured = squared_error_by_length(model, TASK, lengths, n_samples=20000, seed=1)[0]
+    for col, seq_len in enumerate(lengths):
+        predicted = th.expected_squared_error(model.scores(seq_len).detach().double()[0], 3, 16)
+        assert measured[col].item() == pytest.approx(predicted.item(), rel=0.03)
+    # the quadratic is the average of the same expectation over training lengths 5..16
+    h, b, z = th.squared_loss_quadratic(16, 3, 16, 16)
+    per_length = torch.stack([th.expected_squared_error(model.scores(L).detach().double()[0], 3, 16)
+                              for L in range(5, 17)])
+    torch.testing.assert_close(c @ h @ c - 2 * b @ c + z, per_length.mean())
+
+
+def test_kernel_head_rejects_bad_input():
+    with pytest.raises(ValueError, match="d_head"):
+        KernelHead(d_head=7)
+    with pytest.raises(ValueError, match="seeds"):
+        KernelHead(n_models=2, seeds=[1])
+    with pytest.raises(ValueError, match="tokens"):
+        KernelHead()(torch.full((1, 5), 17))
+    with pytest.raises(TypeError, match="tokens"):
+        KernelHead()(torch.zeros(1, 5))
+    assert torch.equal(KernelHead().frequencies, rope_inverse_frequencies(16))
