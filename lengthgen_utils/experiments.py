@@ -506,9 +506,6 @@ def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), lengths=Non
     acc = accuracy_by_length(model, tasks, lengths, n_samples=exp.eval_samples)
     return OffsetSweepResult(exp, model, per_model_offsets, seeds, history, lengths, acc)
 
-    acc = accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)
-    return RetrievalResult(exp, model, history, lengths, acc)
-
 
 # --- linear-attention control and min-norm interpolant (chapter 6)
 

@@ -301,6 +301,8 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
                       yaxis=dict(range=frames[0].layout.yaxis.range))
     fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
     fig.update_yaxes(title="1/p - 1 (distractor / target attention, log scale)", type="log", exponentformat="power")
+    return fig
+
 
 # --- chapter 6: linear-attention control and min-norm interpolant
 

@@ -468,7 +468,7 @@ def cosine_similarity(x: Tensor, y: Tensor) -> Tensor:
     return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1))
 
 
-def distractor_ratio(kernel: Tensor, offset: int) -> Tensor:
+def linear_noise_ratio(kernel: Tensor, offset: int) -> Tensor:
     """Scale-free noise of a linear readout: ``sum_{j != target} s_j^2 / s_target^2`` over content positions.
 
     With i.i.d. uniform tokens each distractor adds ``s_j`` to a random class, so this
