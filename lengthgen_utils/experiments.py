@@ -530,3 +530,95 @@ def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), lengths=Non
     model.to(device).eval()
     return OffsetSweepResult(exp, model, per_model_offsets, seeds, payload["loss_history"], lengths,
                              payload["accuracy"])
+
+
+# --- the multi-layer transformer (chapters 7 and 8)
+@dataclass(frozen=True)
+class TransformerExperiment:
+    """An ensemble of :class:`~lengthgen_utils.models.Transformer` seeds on a full-sequence task.
+
+    ``task`` names the task (``"delayed_copy"``, ``"lagged_sum"``, ``"copy"``, ``"parity"``);
+    ``offsets`` are its lags (one for delayed copy, two for the lagged sum).
+    """
+
+    pe: str = "rope"
+    task: str = "delayed_copy"
+    vocab_size: int = 16
+    offsets: tuple[int, ...] = (5,)
+    train_len: int = 32
+    eval_lengths: tuple[int, ...] = (32, 64, 128, 256)
+    n_layers: int = 2
+    n_heads: int = 4
+    d_model: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    batch_size: int = 64
+    steps: int = 1500
+    n_seeds: int = 3
+    eval_samples: int = 128
+    data_seed: int = 0
+
+    def __post_init__(self):
+        check_pe(self.pe)
+        check_int("n_seeds", self.n_seeds, minimum=1)
+        self.make_task()  # validates the task name and offsets
+
+    def make_task(self):
+        from .tasks import Copy, DelayedCopy, LaggedSum, RunningParity
+
+        if self.task == "delayed_copy":
+            return DelayedCopy(self.vocab_size, *self.offsets)
+        if self.task == "lagged_sum":
+            return LaggedSum(self.vocab_size, *self.offsets)
+        if self.task == "copy":
+            return Copy(self.vocab_size)
+        if self.task == "parity":
+            return RunningParity(self.vocab_size)
+        raise ValueError(f"task must be one of 'delayed_copy', 'lagged_sum', 'copy', 'parity'; got {self.task!r}")
+
+
+TRANSFORMER_PROFILES = {
+    # Transformers are the book's most expensive models on a CPU. quick and default train width 64
+    # (d_head 16: 8 RoPE frequency pairs); full trains DESIGN.md's d_model 128. Chapter 7 says so.
+    "quick": dict(d_model=64, batch_size=16, steps=200, lr=3e-3, n_seeds=3, eval_samples=32),
+    "default": dict(d_model=64, batch_size=32, steps=600, lr=2e-3, n_seeds=3, eval_samples=128),
+    "full": dict(d_model=128, batch_size=64, steps=1500, lr=1e-3, n_seeds=5, eval_samples=256),
+}
+
+
+def transformer_experiment(profile: Profile, **overrides) -> TransformerExperiment:
+    """The transformer experiment with ``profile``'s compute settings and any field overridden."""
+    return TransformerExperiment(**{**TRANSFORMER_PROFILES[profile.name], **overrides})
+
+
+@dataclass
+class TransformerResult:
+    """What :func:`run_transformer` returns."""
+
+    experiment: TransformerExperiment
+    model: object
+    loss_history: torch.Tensor  # [steps, n_seeds]
+    accuracy: dict  # {eval length: [n_seeds, L] per-position token accuracy}
+    counts: dict  # {eval length: [L] scored tokens per position}
+    inside: torch.Tensor  # [n_seeds] token accuracy at positions < train_len (at the longest length)
+    outside: dict  # {eval length: [n_seeds] token accuracy at positions >= train_len}
+
+
+def run_transformer(exp: TransformerExperiment, device=None) -> TransformerResult:
+    """Train the ensemble of ``exp`` and measure per-position token accuracy at each evaluation length."""
+    from .evaluation import split_accuracy, token_accuracy_by_position
+    from .models import Transformer
+    from .training import train_sequence
+
+    task = exp.make_task()
+    model = Transformer(getattr(task, "n_tokens", task.vocab_size), exp.n_layers, exp.n_heads, exp.d_model,
+                        exp.pe, max_len=max(exp.eval_lengths + (exp.train_len,)), n_models=exp.n_seeds)
+    history = train_sequence(model, task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
+                             weight_decay=exp.weight_decay, train_len=exp.train_len, seed=exp.data_seed,
+                             device=device)
+    accuracy, counts, outside = {}, {}, {}
+    for seq_len in exp.eval_lengths:
+        acc, cnt = token_accuracy_by_position(model, task, seq_len, n_samples=exp.eval_samples)
+        accuracy[seq_len], counts[seq_len] = acc, cnt
+        inside, outside[seq_len] = split_accuracy(acc, cnt, exp.train_len)
+    return TransformerResult(exp, model, history, accuracy, counts, inside, outside)

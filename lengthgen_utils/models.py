@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, asdict
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._validate import check_int, check_int_sequence, check_positive_float
@@ -296,3 +297,172 @@ class KernelHead(nn.Module):
         out = torch.zeros(m, b, n_tokens, device=self.device, dtype=attn.dtype)
         out.scatter_add_(2, tokens.expand(m, b, seq_len), attn[:, None, :].expand(m, b, seq_len))
         return out[..., : self.vocab_size], attn[:, None, :].expand(m, b, seq_len)
+
+
+# --- the multi-layer transformer (chapter 7)
+def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    """LayerNorm over the last dim with per-model parameters: ``x [M, ..., d]``, ``weight/bias [M, d]``."""
+    shape = (weight.shape[0],) + (1,) * (x.dim() - 2) + (weight.shape[-1],)
+    return F.layer_norm(x, x.shape[-1:], eps=eps) * weight.view(shape) + bias.view(shape)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = False):
+    """Causal softmax attention, query ``i`` sees keys ``0 .. i``.
+
+    Args:
+        q, k, v: ``[..., L, d_head]``.
+        return_weights: also return the attention weights ``[..., L, L]`` (explicit path);
+            otherwise torch's fused ``scaled_dot_product_attention`` is used.
+
+    Returns:
+        output ``[..., L, d_head]`` (and weights, if asked).
+
+    Source: Vaswani et al. 2017, eq. (1), with a causal mask.
+    """
+    if not return_weights:
+        flat = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731  SDPA wants [N, L, d]
+        out = F.scaled_dot_product_attention(flat(q), flat(k), flat(v), is_causal=True)
+        return out.view(q.shape[:-1] + v.shape[-1:])
+    seq_len = q.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return weights @ v, weights
+
+
+class Transformer(nn.Module):
+    """A pre-LN decoder-only transformer with a leading ensemble dimension.
+
+    ``x = E[tokens] (+ P[positions] for APE)``; each of ``n_layers`` blocks is
+    ``x += Attn(LN(x)); x += MLP(LN(x))`` with ``n_heads`` causal heads
+    (RoPE applied to queries and keys when ``pe == "rope"``) and a GELU MLP of
+    width ``mlp_ratio * d_model``; logits ``= LN(x) W_U``. No biases in the
+    attention projections.
+
+    Args:
+        vocab_size: input and output vocabulary V >= 2.
+        n_layers, n_heads, d_model: sizes; ``d_model`` divisible by ``n_heads``.
+        pe: ``"rope"``, ``"ape"`` or ``"nope"``.
+        max_len: rows of the APE table (longest usable length for APE).
+        n_models: ensemble size M; ``seeds``: one init seed per model.
+        rope_base: RoPE base. mlp_ratio: MLP width factor.
+
+    Shapes:
+        ``forward(tokens [B, L])`` -> logits ``[M, B, L, V]``; with ``return_attention=True``
+        also a list (one per layer) of attention weights ``[M, B, n_heads, L, L]``.
+
+    Raises:
+        ValueError: sizes out of range, ``d_head`` odd with RoPE, lengths beyond the APE table.
+
+    Source: Radford et al. 2019 (pre-LN GPT-2 block); nanoGPT's ``model.py`` layout.
+    """
+
+    def __init__(self, vocab_size: int = 16, n_layers: int = 2, n_heads: int = 4, d_model: int = 128,
+                 pe: str = "rope", max_len: int = 256, n_models: int = 1, seeds=None,
+                 rope_base: float = 10000.0, mlp_ratio: int = 4):
+        super().__init__()
+        check_int("vocab_size", vocab_size, minimum=2)
+        check_int("n_layers", n_layers, minimum=1)
+        check_int("n_heads", n_heads, minimum=1)
+        check_int("d_model", d_model, minimum=1)
+        check_int("mlp_ratio", mlp_ratio, minimum=1)
+        check_pe(pe)
+        check_int("max_len", max_len, minimum=1)
+        if d_model % n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads; got d_model={d_model}, n_heads={n_heads}")
+        d_head = d_model // n_heads
+        if pe == "rope":
+            rope_inverse_frequencies(d_head, rope_base)  # raises for odd d_head
+        n_models = check_int("n_models", n_models, minimum=1)
+        seeds = tuple(range(n_models)) if seeds is None else check_int_sequence("seeds", seeds, minimum=0)
+        if len(seeds) != n_models:
+            raise ValueError(f"seeds must have n_models={n_models} entries; got {len(seeds)}")
+        self.vocab_size, self.n_layers, self.n_heads, self.d_model = vocab_size, n_layers, n_heads, d_model
+        self.d_head, self.pe, self.max_len, self.rope_base, self.seeds = d_head, pe, max_len, float(rope_base), seeds
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+
+        def init(*shape, std):
+            return nn.Parameter(torch.stack([torch.randn(*shape, generator=g) * std for g in gens]))
+
+        def ones(*shape, value=1.0):
+            return nn.Parameter(torch.full((n_models, *shape), value))
+
+        std, d_mlp = 0.02, mlp_ratio * d_model
+        self.embed = init(vocab_size, d_model, std=std)
+        self.ape = LearnedAbsolutePE(max_len, d_model, n_models, std, gens) if pe == "ape" else None
+        self.blocks = nn.ModuleList()
+        for _ in range(n_layers):
+            block = nn.Module()
+            block.ln1_w, block.ln1_b = ones(d_model), ones(d_model, value=0.0)
+            block.w_qkv = init(d_model, 3 * d_model, std=std)
+            block.w_out = init(d_model, d_model, std=std / math.sqrt(2 * n_layers))
+            block.ln2_w, block.ln2_b = ones(d_model), ones(d_model, value=0.0)
+            block.w_in, block.b_in = init(d_model, d_mlp, std=std), ones(d_mlp, value=0.0)
+            block.w_mlp_out = init(d_mlp, d_model, std=std / math.sqrt(2 * n_layers))
+            block.b_mlp_out = ones(d_model, value=0.0)
+            self.blocks.append(block)
+        self.ln_f_w, self.ln_f_b = ones(d_model), ones(d_model, value=0.0)
+        self.unembed = init(d_model, vocab_size, std=std)
+
+    @property
+    def n_models(self) -> int:
+        return self.embed.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def qkv(self, block, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values ``[M, B, H, L, d_head]`` of one block (RoPE applied for ``pe="rope"``)."""
+        m, b, seq_len, _ = x.shape
+        h = _layer_norm(x, block.ln1_w, block.ln1_b)
+        qkv = torch.einsum("mbld,mde->mble", h, block.w_qkv)
+        q, k, v = qkv.view(m, b, seq_len, 3, self.n_heads, self.d_head).permute(3, 0, 1, 4, 2, 5)
+        if self.pe == "rope":
+            q, k = apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base)
+        return q, k, v
+
+    def _run(self, tokens: Tensor, position_shift: int, collect: str | None):
+        """Run every block; ``collect`` in {None, "weights", "scores"} picks what to return per layer."""
+        if not isinstance(tokens, Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
+            raise TypeError(f"tokens must be a LongTensor [B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)} "
+                            f"{tuple(getattr(tokens, 'shape', ()))}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(f"tokens must lie in [0, {self.vocab_size - 1}]; got [{int(tokens.min())}, {int(tokens.max())}]")
+        position_shift = check_int("position_shift", position_shift)
+        b, seq_len = tokens.shape
+        positions = torch.arange(seq_len, device=self.device) + position_shift
+        idx = torch.arange(self.n_models, device=self.device)[:, None, None]
+        x = self.embed[idx, tokens[None]]  # [M, B, L, d]
+        if self.ape is not None:
+            x = x + self.ape(positions)[:, None]
+        collected = []
+        for block in self.blocks:
+            q, k, v = self.qkv(block, x, positions)
+            if collect is None:
+                out = causal_attention(q, k, v)
+            else:
+                out, weights = causal_attention(q, k, v, return_weights=True)
+                if collect == "scores":
+                    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=self.device).tril()
+                    weights = (q @ k.transpose(-1, -2) / math.sqrt(self.d_head)).masked_fill(~causal, float("-inf"))
+                collected.append(weights)
+            out = out.permute(0, 1, 3, 2, 4).reshape(self.n_models, b, seq_len, self.d_model)
+            x = x + torch.einsum("mbld,mde->mble", out, block.w_out)
+            h = _layer_norm(x, block.ln2_w, block.ln2_b)
+            h = F.gelu(torch.einsum("mbld,mde->mble", h, block.w_in) + block.b_in[:, None, None])
+            x = x + torch.einsum("mble,med->mbld", h, block.w_mlp_out) + block.b_mlp_out[:, None, None]
+        logits = torch.einsum("mbld,mdv->mblv", _layer_norm(x, self.ln_f_w, self.ln_f_b), self.unembed)
+        return logits, collected
+
+    def forward(self, tokens: Tensor, position_shift: int = 0, return_attention: bool = False):
+        logits, weights = self._run(tokens, position_shift, "weights" if return_attention else None)
+        return (logits, weights) if return_attention else logits
+
+    @torch.no_grad()
+    def head_scores(self, tokens: Tensor, position_shift: int = 0) -> list[Tensor]:
+        """Pre-softmax attention logits of every head, per layer: list of ``[M, B, H, L, L]``.
+
+        Entries above the causal diagonal are ``-inf`` (never attended).
+        """
+        return self._run(tokens, position_shift, "scores")[1]

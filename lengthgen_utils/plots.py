@@ -394,3 +394,58 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
                      range=[float(np.log10(ticks[0])) - 0.1, float(np.log10(ticks[-1])) + 0.1])
     fig.update_yaxes(title=y_title, type="log")
     return fig
+
+
+# --- transformer (chapter 7)
+def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str) -> go.Figure:
+    """Token accuracy at each position of a long sequence, mean over seeds with a min..max band.
+
+    Args:
+        curves: ``{name: accuracy [n_seeds, L]}`` (NaN where a position is never scored).
+        chance: chance accuracy (dotted line).
+        train_len: training length (dashed line: positions to its right were never trained).
+        title: figure title.
+    """
+    fig = go.Figure()
+    for i, (name, acc) in enumerate(curves.items()):
+        acc = np.asarray(acc, dtype=float)
+        pos = np.arange(acc.shape[1])
+        keep = ~np.isnan(acc).any(0)
+        pos, acc = pos[keep], acc[:, keep]
+        color = _color(name, i)
+        fig.add_trace(go.Scatter(x=np.concatenate([pos, pos[::-1]]), y=np.concatenate([acc.max(0), acc.min(0)[::-1]]),
+                                 mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
+                                 hoverinfo="skip", showlegend=False))
+        fig.add_trace(go.Scatter(x=pos, y=acc.mean(0), mode="lines", name=f"{_label(name)} (mean of {acc.shape[0]})",
+                                 line=dict(color=color, width=2)))
+    fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5),
+                  annotation_text=f"chance = {chance:.3f}", annotation_position="bottom right")
+    fig.add_vline(x=train_len - 0.5, line=dict(color="gray", dash="dash", width=1),
+                  annotation_text="training length", annotation_position="top right")
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="position t in the sequence (tokens)")
+    fig.update_yaxes(title="token accuracy at position t (fraction)", range=[-0.02, 1.05])
+    return fig
+
+
+def head_offset_heatmap(profile, title: str, max_offset: int | None = None, value: str = "mean attention weight") -> go.Figure:
+    """Heatmap of a per-head offset profile: rows = (layer, head), columns = offset ``D = -d``.
+
+    Args:
+        profile: ``[n_layers, n_heads, n_offsets]`` (index ``d`` is offset ``-d``).
+        title: figure title.
+        max_offset: show offsets ``0 .. -max_offset`` only.
+        value: what the colour encodes (colour-bar title).
+    """
+    profile = np.asarray(profile, dtype=float)
+    n_layers, n_heads, n_off = profile.shape
+    n_off = n_off if max_offset is None else min(n_off, max_offset + 1)
+    z = profile[:, :, :n_off].reshape(n_layers * n_heads, n_off)
+    rows = [f"layer {l + 1} head {h + 1}" for l in range(n_layers) for h in range(n_heads)]
+    fig = go.Figure(go.Heatmap(z=z, x=[-d for d in range(n_off)], y=rows, colorscale="Viridis",
+                               colorbar=dict(title=value),
+                               hovertemplate="%{y}, offset %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 60 + 28 * len(rows)))
+    fig.update_xaxes(title="offset D = key position - query position (tokens)", autorange="reversed")
+    fig.update_yaxes(title="", autorange="reversed")
+    return fig

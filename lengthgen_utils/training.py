@@ -236,3 +236,80 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         opt.step()
         history[step] = loss.detach()
     return history.float().cpu()
+
+
+# --- full-sequence training (chapter 7)
+def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """Per-model mean cross-entropy over *defined* positions only.
+
+    Args:
+        logits: ``[M, B, L, V]``.
+        targets: ``[B, L]`` with ``IGNORE_INDEX`` where the task defines no target.
+
+    Returns:
+        ``[M]``: each model's loss averaged over the scored positions (padding and
+        undefined positions never count).
+    """
+    from .tasks import IGNORE_INDEX
+
+    m, b, seq_len, v = logits.shape
+    flat_targets = targets.expand(m, b, seq_len).reshape(-1)
+    loss = F.cross_entropy(logits.reshape(-1, v), flat_targets, ignore_index=IGNORE_INDEX, reduction="none")
+    scored = (targets != IGNORE_INDEX).sum()
+    if int(scored) == 0:
+        raise ValueError("targets hold no scored position (all IGNORE_INDEX)")
+    return loss.view(m, b * seq_len).sum(1) / scored
+
+
+def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
+                   weight_decay: float = 0.05, train_len: int = 32, seed: int = 0, device=None,
+                   progress: bool | None = None) -> Tensor:
+    """Train a :class:`~lengthgen_utils.models.Transformer` ensemble on a full-sequence task with AdamW.
+
+    Every batch has length ``train_len``; the loss is the sum over models of each
+    model's mean cross-entropy over defined positions (models stay independent).
+
+    Args:
+        model: a ``Transformer`` (any ``n_models``).
+        task: a full-sequence task (``DelayedCopy``, ``LaggedSum``, ``RunningParity``).
+        steps, batch_size, lr, weight_decay: optimisation settings (DESIGN.md defaults).
+        train_len: training sequence length.
+        seed: seeds the data stream.
+        device: defaults to :func:`default_device`.
+        progress: progress bar; ``None`` shows one for runs of 1000+ steps.
+
+    Returns:
+        loss history ``[steps, M]`` on CPU.
+    """
+    steps = check_int("steps", steps, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    lr = check_positive_float("lr", lr)
+    weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
+    seed = check_int("seed", seed, minimum=0)
+    task.check_seq_len(train_len)
+    n_tokens = getattr(task, "n_tokens", task.vocab_size)  # input vocabulary (a separator may be extra)
+    if n_tokens != model.vocab_size:
+        raise ValueError(f"task input vocabulary {n_tokens} differs from model vocab_size={model.vocab_size}")
+    device = torch.device(device) if device is not None else default_device()
+    model.to(device)
+    model.train()
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    history = torch.empty(steps, model.n_models, device=device)
+    bar = None
+    if progress or (progress is None and steps >= 1000):
+        from tqdm.auto import tqdm
+        bar = tqdm(total=steps, desc="training", leave=False)
+    for step in range(steps):
+        tokens, targets = task.sample(batch_size, train_len, gen, device=device)
+        loss = sequence_cross_entropy(model(tokens), targets)
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        opt.step()
+        history[step] = loss.detach()
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    model.eval()
+    return history.float().cpu()

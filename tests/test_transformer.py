@@ -1,0 +1,169 @@
+"""Tests of the full-sequence tasks, the multi-layer transformer and its evaluation (chapters 7-8)."""
+import math
+
+import pytest
+import torch
+
+from lengthgen_utils.analysis import head_offset_profiles, shift_invariance
+from lengthgen_utils.evaluation import split_accuracy, token_accuracy_by_position
+from lengthgen_utils.experiments import TransformerExperiment
+from lengthgen_utils.models import Transformer, causal_attention
+from lengthgen_utils.tasks import IGNORE_INDEX, Copy, DelayedCopy, LaggedSum, RunningParity
+from lengthgen_utils.training import sequence_cross_entropy, train_sequence
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------- tasks
+def test_delayed_copy_scores_exactly_the_defined_positions():
+    task = DelayedCopy(16, 3)
+    tokens, targets = task.sample(4, 20, gen())
+    scored = (targets != IGNORE_INDEX).nonzero()[:, 1].unique()
+    assert scored.tolist() == list(range(3, 20))
+    assert torch.equal(targets[:, 3:], tokens[:, :17])
+
+
+def test_lagged_sum_targets():
+    task = LaggedSum(16, 2, 5)
+    tokens, targets = task.sample(3, 12, gen())
+    assert (targets[:, :5] == IGNORE_INDEX).all()
+    for t in range(5, 12):
+        assert torch.equal(targets[:, t], (tokens[:, t - 2] + tokens[:, t - 5]) % 16)
+
+
+def test_running_parity_targets():
+    tokens = torch.tensor([[1, 0, 1, 1, 0]])
+    assert RunningParity().targets(tokens).tolist() == [[1, 1, 0, 1, 1]]
+
+
+def test_copy_task_layout():
+    tokens, targets = Copy(4).sample(2, 9, gen())
+    n = 4
+    assert (tokens[:, n] == 4).all()
+    assert torch.equal(tokens[:, :n], tokens[:, n + 1:])
+    assert torch.equal(targets[:, n:2 * n], tokens[:, :n])
+    assert (targets[:, :n] == IGNORE_INDEX).all() and (targets[:, 2 * n:] == IGNORE_INDEX).all()
+
+
+@pytest.mark.parametrize("make, seq_len", [
+    (lambda: DelayedCopy(16, 5), 5),  # no scored position
+    (lambda: LaggedSum(16, 2, 5), 5),
+    (lambda: Copy(16), 8),  # even length
+])
+def test_lengths_that_leave_no_scored_position_are_rejected(make, seq_len):
+    with pytest.raises(ValueError, match="seq_len"):
+        make().sample(2, seq_len, gen())
+
+
+def test_task_arguments_are_checked():
+    with pytest.raises(ValueError, match="offset2"):
+        LaggedSum(16, 3, 3)
+    with pytest.raises(ValueError, match="vocab_size"):
+        RunningParity(3)
+    with pytest.raises(ValueError, match="offset"):
+        DelayedCopy(16, 0)
+
+
+# ---------------------------------------------------------------- attention and the model
+def test_fused_and_explicit_causal_attention_agree_and_are_causal():
+    q, k, v = (torch.randn(2, 3, 7, 8, generator=gen(i)) for i in range(3))
+    fused = causal_attention(q, k, v)
+    explicit, weights = causal_attention(q, k, v, return_weights=True)
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
+    assert (weights.triu(1) == 0).all()
+    assert ((weights > 0).sum(-1)[0, 0] == torch.arange(1, 8)).all()  # query i sees i + 1 keys
+    torch.testing.assert_close(explicit[..., 0, :], v[..., 0, :])  # output 0 is value 0
+
+
+@pytest.mark.parametrize("pe", ["rope", "ape", "nope"])
+def test_transformer_is_causal(pe):
+    model = Transformer(16, 2, 4, 32, pe, max_len=16, n_models=2)
+    tokens, _ = DelayedCopy(16, 2).sample(3, 10, gen())
+    changed = tokens.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 16
+    a, b = model(tokens), model(changed)
+    assert a.shape == (2, 3, 10, 16)
+    torch.testing.assert_close(a[:, :, :6], b[:, :, :6], rtol=0, atol=1e-6)
+    assert (a[:, :, 6:] - b[:, :, 6:]).abs().max() > 1e-4
+
+
+def test_rope_transformer_is_shift_invariant_and_ape_is_not():
+    tokens, _ = DelayedCopy(16, 5).sample(4, 24, gen())
+    rope = Transformer(16, 2, 4, 32, "rope", n_models=2)
+    assert max(shift_invariance(rope, tokens, (1, 1000, 100000)).values()) < 1e-4
+    ape = Transformer(16, 2, 4, 32, "ape", max_len=64, n_models=2)
+    assert min(shift_invariance(ape, tokens, (1, 16)).values()) > 1e-2
+
+
+def test_transformer_ensemble_equals_models_alone():
+    tokens, _ = DelayedCopy(16, 5).sample(2, 12, gen())
+    ensemble = Transformer(16, 2, 4, 32, "rope", n_models=3, seeds=[4, 5, 6])
+    out = ensemble(tokens)
+    for i, s in enumerate([4, 5, 6]):
+        alone = Transformer(16, 2, 4, 32, "rope", n_models=1, seeds=[s])
+        torch.testing.assert_close(alone(tokens)[0], out[i], rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_rejects_bad_configuration_and_input():
+    with pytest.raises(ValueError, match="divisible"):
+        Transformer(16, 2, 3, 32)
+    with pytest.raises(ValueError, match="d_head"):
+        Transformer(16, 1, 2, 30, "rope")  # d_head = 15
+    with pytest.raises(ValueError, match="pe"):
+        Transformer(16, pe="alibi-typo")
+    model = Transformer(16, 1, 2, 16, "ape", max_len=16)
+    with pytest.raises(ValueError, match=r"16 rows.*17"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="tokens"):
+        model(torch.full((1, 4), 16, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- loss and scoring
+def test_loss_ignores_undefined_positions():
+    task = DelayedCopy(4, 3)
+    tokens, targets = task.sample(2, 8, gen())
+    logits = torch.randn(1, 2, 8, 4, generator=gen(1))
+    poisoned = logits.clone()
+    poisoned[:, :, :3] = 1e6 * torch.randn(1, 2, 3, 4, generator=gen(2))  # unscored positions
+    torch.testing.assert_close(sequence_cross_entropy(logits, targets), sequence_cross_entropy(poisoned, targets))
+    scored = targets[:, 3:]
+    ref = torch.nn.functional.cross_entropy(logits[0, :, 3:].reshape(-1, 4), scored.reshape(-1))
+    torch.testing.assert_close(sequence_cross_entropy(logits, targets)[0], ref)
+
+
+class ConstantPredictor(torch.nn.Module):
+    """Always predicts class 0 (a model that has learned nothing but a bias)."""
+
+    n_models, ape, device = 1, None, torch.device("cpu")
+
+    def forward(self, tokens):
+        logits = torch.zeros(1, *tokens.shape, 16)
+        logits[..., 0] = 1.0
+        return logits
+
+
+def test_a_constant_predictor_scores_chance():
+    task = DelayedCopy(16, 3)
+    acc, counts = token_accuracy_by_position(ConstantPredictor(), task, 20, n_samples=2048)
+    assert torch.isnan(acc[0, :3]).all() and counts[:3].sum() == 0
+    assert counts[3:].eq(2048).all()
+    inside, outside = split_accuracy(acc, counts, 10)
+    assert abs(float(inside) - 1 / 16) < 0.01 and abs(float(outside) - 1 / 16) < 0.01
+
+
+def test_rope_transformer_learns_delayed_copy_and_its_copying_head_peaks_at_the_offset():
+    task = DelayedCopy(8, 3)
+    model = Transformer(8, 1, 2, 32, "rope", n_models=1)
+    train_sequence(model, task, steps=150, batch_size=32, lr=3e-3, train_len=16, device="cpu")
+    acc, counts = token_accuracy_by_position(model, task, 32, n_samples=64)
+    inside, outside = split_accuracy(acc, counts, 16)
+    assert float(inside) > 0.9 and float(outside) > 0.9, (inside, outside)
+    _, weight = head_offset_profiles(model, task, 32, n_samples=8)
+    assert (torch.nan_to_num(weight[0, 0], nan=-1).argmax(-1) == 3).any()
+
+
+def test_experiment_rejects_unknown_task():
+    with pytest.raises(ValueError, match="task"):
+        TransformerExperiment(task="reverse")
