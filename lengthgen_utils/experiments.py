@@ -532,6 +532,82 @@ def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), lengths=Non
                              payload["accuracy"])
 
 
+# --- linear-attention control and min-norm interpolant (chapter 6)
+
+SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
+"""Eight frequencies evenly spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are
+well conditioned on 15 training offsets (condition number about 2), for the exact min-norm demonstration."""
+
+
+@dataclass
+class KernelResult:
+    """Direct-kernel ensemble (one model per data seed, each started at ``c = 0``) and its theory."""
+
+    name: str
+    frequencies: torch.Tensor  # [d_head // 2] rad/token
+    lr: float
+    steps: int
+    c: torch.Tensor  # [n_seeds, d_head] trained kernels
+    c_gd: torch.Tensor  # [d_head] closed-form gradient descent on the expected loss after `steps` steps
+    c_star: torch.Tensor  # [d_head] exact min-norm interpolant pinv(Phi_T) e_k
+    loss_history: torch.Tensor  # [steps, n_seeds]
+    lengths: list[int]
+    accuracy: torch.Tensor  # [n_seeds, len(lengths)]
+    squared_error: torch.Tensor  # [n_seeds, len(lengths)] measured
+    predicted_squared_error: torch.Tensor  # [len(lengths)] from c_gd, exact expectation
+    hessian_eigenvalues: torch.Tensor  # [d_head]
+
+
+def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=None,
+                    lr_fraction: float = 0.5, steps: int | None = None) -> KernelResult:
+    """Train the directly parameterised kernel head with SGD on the squared loss, and its closed forms.
+
+    One model per data seed ``exp.data_seed + i`` (``i < exp.n_seeds``), each from ``c = 0``
+    (with ``c = 0`` every model of one data stream is the same, so seeds vary the data).
+    The step size is ``lr_fraction / lambda_max(H)`` (stable for ``lr_fraction < 1``).
+    """
+    from .models import KernelHead
+    from .evaluation import squared_error_by_length
+    from .theory import (expected_squared_error, gradient_descent_kernel, kernel_frequencies, min_norm_interpolant,
+                         rope_kernel_features, squared_loss_quadratic, training_offsets)
+    from .training import train_squared_loss
+
+    steps = exp.steps if steps is None else check_int("steps", steps, minimum=1)
+    theta = kernel_frequencies(exp.d_head, 10000.0, frequencies)
+    h, b, _ = squared_loss_quadratic(exp.train_len, exp.offset, exp.vocab_size, exp.d_head, frequencies=theta)
+    eig = torch.linalg.eigvalsh(h)
+    lr = lr_fraction / float(eig.max())
+    lengths = exp.eval_lengths
+    cs, hists, accs, errs = [], [], [], []
+    for i in range(exp.n_seeds):
+        model = KernelHead(exp.vocab_size, exp.d_head, frequencies=theta, seeds=[i])
+        hists.append(train_squared_loss(model, exp.task, steps=steps, batch_size=exp.batch_size, lr=lr,
+                                        train_len=exp.train_len, seed=exp.data_seed + i, device="cpu")[:, 0])
+        cs.append(model.c.detach().double()[0])
+        accs.append(accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)[0])
+        errs.append(squared_error_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)[0])
+    c_gd = gradient_descent_kernel(h, b, lr, steps)
+    c_star = min_norm_interpolant(training_offsets(exp.train_len, exp.offset), exp.offset, exp.d_head,
+                                  frequencies=theta)
+    predicted = torch.stack([
+        expected_squared_error(c_gd @ rope_kernel_features(torch.arange(L) - (L - 1), exp.d_head, frequencies=theta).T,
+                               exp.offset, exp.vocab_size)
+        for L in lengths])
+    return KernelResult(name, theta, lr, steps, torch.stack(cs), c_gd, c_star, torch.stack(hists, 1), lengths,
+                        torch.stack(accs), torch.stack(errs), predicted, eig)
+
+
+def factorized_kernel(model: RetrievalHead) -> torch.Tensor:
+    """Kernel coefficients ``c [M, d_head]`` (float64) of a trained position-only RoPE head: ``s(D) = Phi(D) . c``."""
+    from .theory import rope_kernel_coefficients
+
+    if model.config.pe != "rope":
+        raise ValueError(f"factorized_kernel needs a RoPE head; got pe={model.config.pe!r}")
+    with torch.no_grad():
+        q, k = model.query_key(1)  # position 0: no rotation
+        return rope_kernel_coefficients(q.double(), k[:, 0].double(), model.config.interleaved) / model.config.d_head ** 0.5
+
+
 # --- the multi-layer transformer (chapters 7 and 8)
 @dataclass(frozen=True)
 class TransformerExperiment:
