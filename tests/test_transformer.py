@@ -1,5 +1,4 @@
 """Tests of the full-sequence tasks, the multi-layer transformer and its evaluation (chapters 7-8)."""
-import math
 
 import pytest
 import torch
