@@ -680,21 +680,39 @@ class TransformerResult:
     outside: dict  # {eval length: [n_seeds] token accuracy at positions >= train_len}
 
 
-def run_transformer(exp: TransformerExperiment, device=None) -> TransformerResult:
-    """Train the ensemble of ``exp`` and measure per-position token accuracy at each evaluation length."""
+def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> TransformerResult:
+    """Train the ensemble of ``exp`` and measure per-position token accuracy at each evaluation length.
+
+    Results go through the results cache (:func:`load_or_run`; ``cache`` as there): a rebuild of
+    the book loads the trained weights and measurements instead of retraining.
+    """
     from .evaluation import split_accuracy, token_accuracy_by_position
     from .models import Transformer
     from .training import train_sequence
 
+    device = torch.device(device) if device is not None else default_device()
     task = exp.make_task()
-    model = Transformer(getattr(task, "n_tokens", task.vocab_size), exp.n_layers, exp.n_heads, exp.d_model,
-                        exp.pe, max_len=max(exp.eval_lengths + (exp.train_len,)), n_models=exp.n_seeds)
-    history = train_sequence(model, task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
-                             weight_decay=exp.weight_decay, train_len=exp.train_len, seed=exp.data_seed,
-                             device=device)
-    accuracy, counts, outside = {}, {}, {}
+
+    def build():
+        return Transformer(getattr(task, "n_tokens", task.vocab_size), exp.n_layers, exp.n_heads, exp.d_model,
+                           exp.pe, max_len=max(exp.eval_lengths + (exp.train_len,)), n_models=exp.n_seeds)
+
+    def compute():
+        model = build()
+        history = train_sequence(model, task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
+                                 weight_decay=exp.weight_decay, train_len=exp.train_len, seed=exp.data_seed,
+                                 device=device)
+        measured = [token_accuracy_by_position(model, task, L, n_samples=exp.eval_samples) for L in exp.eval_lengths]
+        return {"state_dict": dict(model.state_dict()), "loss_history": history,
+                "accuracy": [acc for acc, _ in measured], "counts": [cnt for _, cnt in measured]}
+
+    payload, _ = load_or_run(exp, compute, cache=cache, device=device)
+    model = build()
+    model.load_state_dict(payload["state_dict"])
+    model.to(device).eval()
+    accuracy = dict(zip(exp.eval_lengths, payload["accuracy"]))
+    counts = dict(zip(exp.eval_lengths, payload["counts"]))
+    outside = {}
     for seq_len in exp.eval_lengths:
-        acc, cnt = token_accuracy_by_position(model, task, seq_len, n_samples=exp.eval_samples)
-        accuracy[seq_len], counts[seq_len] = acc, cnt
-        inside, outside[seq_len] = split_accuracy(acc, cnt, exp.train_len)
-    return TransformerResult(exp, model, history, accuracy, counts, inside, outside)
+        inside, outside[seq_len] = split_accuracy(accuracy[seq_len], counts[seq_len], exp.train_len)
+    return TransformerResult(exp, model, payload["loss_history"], accuracy, counts, inside, outside)
