@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._validate import check_int
+from ._validate import check_int, check_int_sequence
 from .evaluation import accuracy_by_length
 from .models import RetrievalHead
 from .positional import check_pe
@@ -133,3 +133,48 @@ def run_retrieval(exp: RetrievalExperiment, device=None) -> RetrievalResult:
                     seed=exp.data_seed, device=device)
     acc = accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)
     return RetrievalResult(exp, model, history, lengths, acc)
+
+
+@dataclass
+class OffsetSweepResult:
+    """What :func:`run_offset_sweep` returns: one ensemble covering several offsets."""
+
+    experiment: RetrievalExperiment
+    offsets: tuple[int, ...]
+    model: RetrievalHead  # n_models = len(offsets) * n_seeds; model i*n_seeds + s has offsets[i], seed s
+    loss_history: torch.Tensor  # [steps, len(offsets) * n_seeds]
+    lengths: list[int]
+    accuracy: dict  # {offset: [n_seeds, len(lengths)]}
+
+
+def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), device=None) -> OffsetSweepResult:
+    """Train ONE batched ensemble whose models differ in offset and seed, and evaluate it by length.
+
+    Model ``i * n_seeds + s`` learns offset ``offsets[i]`` from initialisation
+    seed ``s`` (``s = 0 .. exp.n_seeds - 1``), so the seeds of every offset
+    match those of :func:`run_retrieval`. All models see the same token
+    stream; training lengths are drawn from ``max(offsets) + 2 .. train_len``
+    (the shortest length valid for every offset), so for small offsets the
+    shortest training sequences are a little longer than in a
+    single-offset run. ``exp.offset`` is ignored.
+
+    Raises:
+        ValueError / TypeError: ``offsets`` empty, repeated, not ints >= 1, or one too large for ``exp.train_len``.
+    """
+
+
+    offsets = check_int_sequence("offsets", offsets, minimum=1)
+    if len(set(offsets)) != len(offsets):
+        raise ValueError(f"offsets must be distinct; got {offsets}")
+    n = exp.n_seeds
+    tasks = [FixedOffsetRetrieval(exp.vocab_size, k) for k in offsets for _ in range(n)]
+    for t in tasks:
+        t.check_seq_len(exp.train_len)
+    lengths = exp.eval_lengths
+    model = RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, exp.pe, exp.attention, max_len=max(lengths),
+                          n_models=len(tasks), seeds=[s for _ in offsets for s in range(n)])
+    history = train(model, tasks, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr, train_len=exp.train_len,
+                    fixed_length=exp.fixed_length, weight_decay=exp.weight_decay, seed=exp.data_seed, device=device)
+    acc = accuracy_by_length(model, tasks, lengths, n_samples=exp.eval_samples)
+    return OffsetSweepResult(exp, offsets, model, history, lengths,
+                             {k: acc[i * n:(i + 1) * n] for i, k in enumerate(offsets)})

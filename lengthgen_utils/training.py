@@ -47,7 +47,7 @@ def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-2, train_len: int = 16,
           fixed_length: bool = False, weight_decay: float = 0.0, seed: int = 0, device=None,
-          progress: bool | None = None) -> Tensor:
+          progress: bool | None = None, callback=None) -> Tensor:
     """Train an ensemble on the fixed-offset retrieval task with Adam(W).
 
     Each step draws one batch at a single length: ``train_len`` when
@@ -67,6 +67,8 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         seed: seeds the data stream (lengths and tokens); model seeds live in the model.
         device: defaults to :func:`default_device`.
         progress: show a progress bar; ``None`` shows one for runs of 5000+ steps.
+        callback: ``None``, or a callable ``callback(step, loss)`` run after every step with the
+            1-based step number and the models' losses ``[M]`` (detached), e.g. to drive a progress widget.
 
     Returns:
         loss history ``[steps, M]`` (float32, on CPU): each model's training loss per step.
@@ -79,6 +81,8 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     lr = check_positive_float("lr", lr)
     weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
     seed = check_int("seed", seed, minimum=0)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be None or callable; got {type(callback).__name__} {callback!r}")
     tasks = as_task_list(task, model.n_models)
     for t in tasks:
         t.check_seq_len(train_len)
@@ -105,6 +109,8 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         loss.sum().backward()
         opt.step()
         history[step] = loss.detach()
+        if callback is not None:
+            callback(step + 1, history[step])
         if bar is not None:
             bar.update(1)
     if bar is not None:
