@@ -9,11 +9,16 @@ import base64
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+import torch
 
 from lengthgen_utils import plots
+from lengthgen_utils.experiments import Profile, RetrievalExperiment, run_offset_sweep
+from lengthgen_utils.models import RetrievalHead
+from lengthgen_utils.tasks import FixedOffsetRetrieval
+from lengthgen_utils.training import train
 from lengthgen_utils.widgets import RetrievalExplorer
 
-TINY = dict(profile="quick", n_seeds=2, steps=60, eval_samples=64)
+TINY = dict(profile=Profile("tiny", n_seeds=2, steps=60, batch_size=64, eval_samples=64, length_multiples=(1,)))
 
 
 def _array(value):
@@ -137,3 +142,32 @@ def test_slider_figure_accepts_trace_lists_and_frames_of_different_sizes():
 def test_slider_figure_rejects_bad_input(frames, active, error):
     with pytest.raises(error):
         plots.slider_figure(frames, "x: ", active=active)
+
+
+# ------------------------------------------------------------ the offset sweep behind chapter 1's slider
+def test_offset_sweep_is_one_ensemble_with_matching_seeds():
+    exp = RetrievalExperiment(pe="rope", n_seeds=2, steps=30, batch_size=32, eval_samples=32, length_multiples=(1, 2))
+    r = run_offset_sweep(exp, offsets=(1, 3))
+    assert r.model.n_models == 4 and r.model.seeds == (0, 1, 0, 1)
+    assert list(r.accuracy) == [1, 3] and all(a.shape == (2, 2) for a in r.accuracy.values())
+    assert r.loss_history.shape == (30, 4) and r.lengths == [16, 32]
+    # same seed, same initialisation: models 0 and 2 differ only through training on different offsets
+    fresh = RetrievalHead(n_models=4, seeds=[0, 1, 0, 1], max_len=32)
+    assert torch.equal(fresh.u[0], fresh.u[2]) and not torch.equal(r.model.u[0], r.model.u[2])
+
+
+@pytest.mark.parametrize("offsets, error", [((), ValueError), ((1, 1), ValueError), ((0,), ValueError),
+                                            ((15,), ValueError), ((1.0,), TypeError)])
+def test_offset_sweep_rejects_bad_offsets(offsets, error):
+    with pytest.raises(error):
+        run_offset_sweep(RetrievalExperiment(n_seeds=1, steps=1), offsets=offsets)
+
+
+def test_training_callback_sees_every_step():
+    seen = []
+    model = RetrievalHead(n_models=3, max_len=16)
+    history = train(model, FixedOffsetRetrieval(16, 2), steps=5, batch_size=8, callback=lambda s, l: seen.append((s, l.clone())))
+    assert [s for s, _ in seen] == [1, 2, 3, 4, 5]
+    assert torch.equal(torch.stack([l for _, l in seen]), history)
+    with pytest.raises(TypeError):
+        train(model, FixedOffsetRetrieval(16, 2), steps=1, callback="print")

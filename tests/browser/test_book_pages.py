@@ -119,6 +119,17 @@ def open_page(browser, page_name: str, dark: bool):
     return page, errors, blocked
 
 
+def screenshot(page, path: Path) -> None:
+    """Full-page screenshot taken at the page's full height, so plotly's responsive resize settles first."""
+    page.evaluate("window.scrollTo(0, 0)")
+    height = page.evaluate("document.documentElement.scrollHeight")
+    page.set_viewport_size({"width": 1300, "height": height})
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size({"width": 1300, "height": 1000})
+    page.wait_for_timeout(500)
+
+
 def move_slider(page, index: int) -> tuple[int, int]:
     """Click the rail of figure ``index``'s first slider at the step farthest from the active one."""
     n_steps, active = page.evaluate("(i) => { const s = document.querySelectorAll('.js-plotly-plot')[i]"
@@ -144,6 +155,7 @@ def test_page_renders_offline_without_errors(browser, page_name):
             assert f["visible"] > 0 and f["marks"] > 0, f"{page_name}: figure {i} drew nothing: {f}"
         dead = page.evaluate("document.querySelectorAll('script[type*=\"jupyter.widget\"], .jupyter-widgets').length")
         assert dead == 0, f"{page_name}: {dead} ipywidgets elements with no kernel to drive them"
+        screenshot(page, SCREENSHOTS / f"{page_name.replace('/', '__')}.png")
         n_sliders = 0
         for i, f in enumerate(figures):
             if not f["sliders"]:
@@ -155,8 +167,6 @@ def test_page_renders_offline_without_errors(browser, page_name):
             assert page.evaluate(SIGNATURE_JS, i) != before, f"{page_name}: figure {i}: slider moved, data did not"
         if page_name in SLIDER_PAGES:
             assert n_sliders >= 1, f"{page_name} should have at least one plotly slider"
-        page.evaluate("window.scrollTo(0, 0)")
-        page.screenshot(path=str(SCREENSHOTS / f"{page_name.replace('/', '__')}.png"), full_page=True)
         assert not errors, f"{page_name}: JavaScript errors: {errors}"
         assert not blocked, f"{page_name}: requests to the network: {blocked}"
     finally:
@@ -172,7 +182,7 @@ def test_dark_mode_keeps_figures_readable(browser, page_name):
         for i, f in enumerate(page.evaluate(FIGURES_JS)):
             assert f["paper"] in ("white", "#fff", "#ffffff", "rgb(255, 255, 255)"), \
                 f"{page_name}: figure {i} has paper colour {f['paper']!r} in dark mode"
-        page.screenshot(path=str(SCREENSHOTS / f"{page_name.replace('/', '__')}-dark.png"), full_page=True)
+        screenshot(page, SCREENSHOTS / f"{page_name.replace('/', '__')}-dark.png")
         assert not errors, f"{page_name} (dark): JavaScript errors: {errors}"
         assert not blocked, f"{page_name} (dark): requests to the network: {blocked}"
     finally:
