@@ -155,6 +155,10 @@ def test_page_renders_offline_without_errors(browser, page_name):
             assert f["visible"] > 0 and f["marks"] > 0, f"{page_name}: figure {i} drew nothing: {f}"
         dead = page.evaluate("document.querySelectorAll('script[type*=\"jupyter.widget\"], .jupyter-widgets').length")
         assert dead == 0, f"{page_name}: {dead} ipywidgets elements with no kernel to drive them"
+        if (ROOT / f"{page_name}.ipynb").is_file():  # a notebook chapter offers its .ipynb for download
+            href = page.evaluate("(document.querySelector('a.btn-download-source-button') || {}).href || ''")
+            assert href.endswith(f"_sources/{page_name}.ipynb"), f"{page_name}: download link is {href!r}"
+            assert (HTML / "_sources" / f"{page_name}.ipynb").is_file(), f"{page_name}: the .ipynb was not copied"
         screenshot(page, SCREENSHOTS / f"{page_name.replace('/', '__')}.png")
         n_sliders = 0
         for i, f in enumerate(figures):
