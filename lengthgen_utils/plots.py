@@ -449,3 +449,64 @@ def head_offset_heatmap(profile, title: str, max_offset: int | None = None, valu
     fig.update_xaxes(title="offset D = key position - query position (tokens)", autorange="reversed")
     fig.update_yaxes(title="", autorange="reversed")
     return fig
+
+
+# --- static explorers (web book sliders)
+def slider_figure(frames: dict, slider_title: str, active: int = 0) -> go.Figure:
+    """One figure with a plotly slider that switches between precomputed figures (works with no kernel).
+
+    Every frame's traces are put into one figure; the slider's step ``i``
+    makes only frame ``i``'s traces visible and sets frame ``i``'s title
+    (plotly's ``"update"`` method, so frames may have different numbers of
+    traces). Axes, shapes and annotations (chance line, training length) come
+    from the first frame, so frames should share them. Everything is in the
+    page's HTML: moving the slider needs plotly.js only, not Python.
+
+    Args:
+        frames: ``{label: go.Figure or list of traces}``, in slider order; ``label`` is the step's text
+            (e.g. ``"k = 3"``).
+        slider_title: text before the current step's label (e.g. ``"offset k: "``).
+        active: index of the frame shown when the page loads.
+
+    Returns:
+        a plotly ``Figure`` with one slider under the plot.
+
+    Raises:
+        ValueError: ``frames`` is empty, a frame has no traces, or ``active`` is out of range.
+        TypeError: a frame is neither a figure nor a list of traces, or a label is not a string.
+    """
+    if not isinstance(frames, dict) or not frames:
+        raise ValueError(f"frames must be a non-empty dict {{label: figure}}; got {frames!r}")
+    if isinstance(active, bool) or not isinstance(active, int) or not 0 <= active < len(frames):
+        raise ValueError(f"active must be an int in [0, {len(frames) - 1}]; got active={active!r}")
+    figs = {}
+    for label, frame in frames.items():
+        if not isinstance(label, str):
+            raise TypeError(f"frame labels must be strings; got {type(label).__name__} {label!r}")
+        if isinstance(frame, (list, tuple)):
+            frame = go.Figure(data=list(frame))
+        if not isinstance(frame, go.Figure):
+            raise TypeError(f"frame {label!r} must be a plotly Figure or a list of traces; got {type(frame).__name__}")
+        if not frame.data:
+            raise ValueError(f"frame {label!r} has no traces")
+        figs[label] = frame
+    first = next(iter(figs.values()))
+    fig = go.Figure(layout=first.layout)
+    owner = []  # frame index of every trace
+    for i, frame in enumerate(figs.values()):
+        for trace in frame.data:
+            fig.add_trace(trace)
+            owner.append(i)
+    steps = []
+    for i, (label, frame) in enumerate(figs.items()):
+        visible = [o == i for o in owner]
+        title = frame.layout.title.text if frame.layout.title.text is not None else ""
+        steps.append(dict(label=label, method="update", args=[{"visible": visible}, {"title.text": title}]))
+    for trace, o in zip(fig.data, owner):
+        trace.visible = o == active
+    active_title = list(figs.values())[active].layout.title.text
+    height = (first.layout.height or FIGURE_HEIGHT) + 90
+    fig.update_layout(title_text=active_title, height=height, margin_b=150,
+                      sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=slider_title),
+                                    x=0.0, len=1.0, y=0.0, yanchor="top", pad=dict(t=75, b=10))])
+    return fig

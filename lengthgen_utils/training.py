@@ -98,7 +98,7 @@ def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-2, train_len: int = 16,
           fixed_length: bool = False, weight_decay: float = 0.0, seed: int = 0, device=None,
           progress: bool | None = None, min_train_len: int | None = None,
-          num_threads: int | None = None) -> Tensor:
+          num_threads: int | None = None, callback=None) -> Tensor:
     """Train an ensemble on the fixed-offset retrieval task with Adam(W).
 
     Each step draws one batch at a single length: ``train_len`` when
@@ -127,6 +127,8 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
             ``min_train_len`` to a model trained alone and it sees exactly that stream.
         num_threads: intra-op CPU threads while training on the CPU; default
             :func:`default_cpu_threads` (1 unless ``$LENGTHGEN_THREADS`` says otherwise).
+        callback: ``None``, or a callable ``callback(step, loss)`` run after every step with the
+            1-based step number and the models' losses ``[M]`` (detached), e.g. to drive a progress widget.
 
     Returns:
         loss history ``[steps, M]`` (float32, on CPU): each model's training loss per step.
@@ -139,6 +141,8 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     lr = check_positive_float("lr", lr)
     weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
     seed = check_int("seed", seed, minimum=0)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be None or callable; got {type(callback).__name__} {callback!r}")
     tasks = as_task_list(task, model.n_models)
     for t in tasks:
         t.check_seq_len(train_len)
@@ -152,13 +156,13 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         num_threads = default_cpu_threads() if num_threads is None else num_threads
         with cpu_threads(num_threads):
             return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
-                               seed, device, progress, min_len)
+                               seed, device, progress, min_len, callback)
     return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
-                       seed, device, progress, min_len)
+                       seed, device, progress, min_len, callback)
 
 
 def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay, seed, device,
-                progress, min_len) -> Tensor:
+                progress, min_len, callback=None) -> Tensor:
     """The loop of :func:`train`, on validated arguments. No host synchronisation inside the loop."""
     model.to(device)
     model.train()
@@ -179,6 +183,8 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
         loss.sum().backward()
         opt.step()
         history[step] = loss.detach()
+        if callback is not None:
+            callback(step + 1, history[step])
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -1,0 +1,185 @@
+"""Live explorers for a running Jupyter kernel (ipywidgets): move a slider, retrain, re-plot.
+
+These panels need a kernel: in the static web book each chapter shows a
+plotly slider figure over precomputed sweeps instead (see
+:func:`lengthgen_utils.plots.slider_figure`). Open a chapter in Jupyter and run::
+
+    from lengthgen_utils.widgets import RetrievalExplorer
+    RetrievalExplorer()
+
+The figure is shown in an ``ipywidgets.Output`` whose outputs are replaced
+with plotly's JSON mime bundle at every update (JupyterLab, Notebook 7 and
+VS Code render it). plotly's ``FigureWidget`` is not used: in plotly 7 it
+needs the extra ``anywidget`` package.
+"""
+from __future__ import annotations
+
+import time
+
+import ipywidgets as widgets
+import torch
+
+from . import plots
+from ._validate import check_int
+from .evaluation import accuracy_by_length
+from .experiments import Profile, get_profile
+from .models import RetrievalHead
+from .tasks import FixedOffsetRetrieval
+from .training import train
+
+PE_CHOICES = (("RoPE, APE and NoPE", "all"), ("RoPE", "rope"), ("APE (learned)", "ape"), ("NoPE", "nope"))
+EVAL_LENGTHS = (16, 32, 64, 128, 256, 512)  # choices of the longest evaluation length (tokens)
+MAX_LEN = max(EVAL_LENGTHS)  # APE tables are sized for it, so changing the evaluation length never retrains
+
+
+def _figure_output(fig) -> dict:
+    """A Jupyter ``display_data`` output holding plotly's JSON (what ``Output.outputs`` stores)."""
+    fig_dict = fig.to_plotly_json()
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"application/vnd.plotly.v1+json": {"data": fig_dict["data"], "layout": fig_dict["layout"],
+                                                        "config": {"responsive": True, "displaylogo": False}},
+                     "text/plain": f"<plotly figure: {fig.layout.title.text}>"}}
+
+
+class RetrievalExplorer(widgets.VBox):
+    """Sliders for offset, training length, evaluation length and PE over live-trained retrieval heads.
+
+    Controls (all public attributes, so they can be set from code and tested):
+
+    * ``offset`` (k), ``train_len`` (longest training length, tokens) and ``pe``
+      select what is trained. Trained ensembles are kept per ``(pe, offset, train_len)``:
+      choosing a setting already trained re-plots at once; a new one waits for
+      ``retrain_button`` (a retrain of one quick-profile ensemble takes seconds on a laptop CPU).
+    * ``eval_len`` (longest evaluation length, tokens) re-evaluates the trained
+      models at ``train_len * 2^i`` up to it, with no retraining.
+    * ``progress`` counts training steps; ``status`` says what is shown.
+
+    ``figure`` is the plotly figure currently shown (mean accuracy over seeds
+    with a min..max band, chance line, training length), and ``output`` the
+    widget that displays it.
+
+    Args:
+        profile: a :class:`~lengthgen_utils.experiments.Profile` or its name; sets seeds, steps,
+            batch size and evaluation samples (default: ``$LENGTHGEN_PROFILE``, else ``default``).
+        offset, train_len, eval_len, pe: initial slider values.
+        n_seeds, steps, eval_samples: override the profile's values (e.g. to keep a test short).
+        train_now: train the initial setting at construction (else the figure waits for the button).
+
+    Raises:
+        ValueError / TypeError: an initial value outside its slider's range, or an unknown ``pe``.
+    """
+
+    def __init__(self, profile: Profile | str | None = None, offset: int = 3, train_len: int = 16,
+                 eval_len: int = 256, pe: str = "all", n_seeds: int | None = None, steps: int | None = None,
+                 eval_samples: int | None = None, train_now: bool = True):
+        profile = profile if isinstance(profile, Profile) else get_profile(profile)
+        self.n_seeds = check_int("n_seeds", n_seeds if n_seeds is not None else profile.n_seeds, minimum=1)
+        self.steps = check_int("steps", steps if steps is not None else profile.steps, minimum=1)
+        self.eval_samples = check_int("eval_samples", eval_samples if eval_samples is not None
+                                      else profile.eval_samples, minimum=1)
+        self.batch_size = profile.batch_size
+        check_int("offset", offset, minimum=1, maximum=8)
+        check_int("train_len", train_len, minimum=8, maximum=32)
+        if eval_len not in EVAL_LENGTHS:
+            raise ValueError(f"eval_len must be one of {EVAL_LENGTHS}; got eval_len={eval_len!r}")
+        if pe not in [v for _, v in PE_CHOICES]:
+            raise ValueError(f"pe must be one of {[v for _, v in PE_CHOICES]}; got pe={pe!r}")
+
+        style = {"description_width": "150px"}
+        layout = widgets.Layout(width="480px")
+        self.offset = widgets.IntSlider(value=offset, min=1, max=8, description="offset k", style=style,
+                                        layout=layout, continuous_update=False)
+        self.train_len = widgets.IntSlider(value=train_len, min=8, max=32, step=4, description="training length",
+                                           style=style, layout=layout, continuous_update=False)
+        self.eval_len = widgets.SelectionSlider(options=EVAL_LENGTHS, value=eval_len, description="longest eval length",
+                                                style=style, layout=layout, continuous_update=False)
+        self.pe = widgets.ToggleButtons(options=PE_CHOICES, value=pe, description="position encoding", style=style)
+        self.retrain_button = widgets.Button(description="Retrain", button_style="primary", icon="refresh")
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="training", style=style)
+        self.status = widgets.HTML()
+        self.output = widgets.Output()
+        self.figure = None
+        self._models: dict = {}  # (pe, offset, train_len) -> trained RetrievalHead ensemble
+
+        for w in (self.offset, self.train_len, self.pe):
+            w.observe(lambda change: self._settings_changed(), names="value")
+        self.eval_len.observe(lambda change: self._settings_changed(), names="value")
+        self.retrain_button.on_click(lambda button: self.retrain())
+        super().__init__([self.offset, self.train_len, self.eval_len, self.pe,
+                          widgets.HBox([self.retrain_button, self.progress]), self.status, self.output])
+        if train_now:
+            self.retrain()
+        else:
+            self.status.value = "Press <b>Retrain</b> to train this setting."
+
+    # ------------------------------------------------------------------ state
+    @property
+    def pes(self) -> list[str]:
+        """The position encodings selected by ``pe``."""
+        return ["rope", "ape", "nope"] if self.pe.value == "all" else [self.pe.value]
+
+    def _key(self, pe: str) -> tuple:
+        return pe, self.offset.value, self.train_len.value
+
+    def eval_lengths(self) -> list[int]:
+        """Evaluation lengths: ``train_len * 2^i`` up to ``eval_len``, and ``eval_len`` itself (tokens)."""
+        train_len, longest = self.train_len.value, self.eval_len.value
+        lengths = {longest}
+        length = train_len
+        while length <= longest:
+            lengths.add(length)
+            length *= 2
+        return sorted(lengths)
+
+    # ---------------------------------------------------------------- actions
+    def retrain(self) -> None:
+        """Train an ensemble (``n_seeds`` models) for every selected PE at the current settings, then re-plot."""
+        task = FixedOffsetRetrieval(16, self.offset.value)
+        task.check_seq_len(self.train_len.value)
+        pes = self.pes
+        self.progress.max = self.steps * len(pes)
+        self.progress.value = 0
+        self.retrain_button.disabled = True
+        start = time.perf_counter()
+        try:
+            for i, pe in enumerate(pes):
+                self.status.value = f"training {plots.PE_LABELS.get(pe, pe)} ({self.n_seeds} seeds, {self.steps} steps)..."
+                model = RetrievalHead(pe=pe, max_len=MAX_LEN, n_models=self.n_seeds)
+
+                def tick(step, loss, done=i * self.steps):
+                    self.progress.value = done + step
+
+                train(model, task, steps=self.steps, batch_size=self.batch_size, train_len=self.train_len.value,
+                      callback=tick)
+                self._models[self._key(pe)] = model
+        finally:
+            self.retrain_button.disabled = False
+        self._plot(note=f"trained in {time.perf_counter() - start:.1f} s")
+
+    def _settings_changed(self) -> None:
+        missing = [pe for pe in self.pes if self._key(pe) not in self._models]
+        if missing:
+            self.status.value = ("Not trained yet for " + ", ".join(plots.PE_LABELS.get(p, p) for p in missing)
+                                 + f" at k = {self.offset.value}, training length {self.train_len.value}: "
+                                   "press <b>Retrain</b>. The figure still shows the previous setting.")
+            return
+        self._plot()
+
+    def _plot(self, note: str = "") -> None:
+        offset, train_len = self.offset.value, self.train_len.value
+        lengths = self.eval_lengths()
+        task = FixedOffsetRetrieval(16, offset)
+        curves = {pe: (lengths, accuracy_by_length(self._models[self._key(pe)], task, lengths,
+                                                   n_samples=self.eval_samples).numpy())
+                  for pe in self.pes}
+        self.figure = plots.accuracy_vs_length(
+            curves, chance=task.chance, train_len=train_len,
+            title=f"Live: offset k = {offset}, training length {train_len}, {self.n_seeds} seeds "
+                  "(line = mean, band = min..max)")
+        self.figure.update_layout(template=plots.BOOK_TEMPLATE)
+        self.output.outputs = (_figure_output(self.figure),)
+        self.status.value = f"Showing k = {offset}, training length {train_len}, evaluated up to " \
+                            f"L = {lengths[-1]}" + (f"; {note}." if note else ".")
+
+
+__all__ = ["RetrievalExplorer"]
