@@ -503,8 +503,14 @@ def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), lengths=Non
     ``exp.offset`` is ignored (each model gets its own offset from ``offsets``);
     every other field of ``exp`` applies. ``lengths`` defaults to ``exp.eval_lengths``.
     Results go through the results cache (:func:`load_or_run`; ``cache`` as there).
+
+    Raises:
+        ValueError / TypeError: ``offsets`` empty, repeated, not ints, or outside ``[1, train_len - 2]``.
     """
+    offsets = check_int_sequence("offsets", offsets, minimum=1)
     offsets = [check_int(f"offsets[{i}]", k, minimum=1, maximum=exp.train_len - 2) for i, k in enumerate(offsets)]
+    if len(set(offsets)) != len(offsets):
+        raise ValueError(f"offsets must be distinct; got {offsets}")
     lengths = list(exp.eval_lengths if lengths is None else lengths)
     device = torch.device(device) if device is not None else default_device()
     per_model_offsets = [k for k in offsets for _ in range(exp.n_seeds)]
