@@ -85,11 +85,15 @@ class RetrievalExperiment:
     eval_samples: int = 512
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     data_seed: int = 0
+    ape_init_std: float = 0.02
+    max_len: int | None = None  # rows of the APE table; None = the longest evaluation length
 
     def __post_init__(self):
         check_pe(self.pe)
         check_int("train_len", self.train_len, minimum=self.offset + 2)
         check_int("n_seeds", self.n_seeds, minimum=1)
+        if self.max_len is not None:
+            check_int("max_len", self.max_len, minimum=self.train_len)
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalExperiment":
@@ -104,7 +108,16 @@ class RetrievalExperiment:
 
     @property
     def eval_lengths(self) -> list[int]:
-        return [self.train_len * m for m in self.length_multiples]
+        """``train_len`` times each length multiple, up to the APE table size when ``max_len`` is set."""
+        lengths = [self.train_len * m for m in self.length_multiples]
+        return lengths if self.max_len is None else [L for L in lengths if L <= self.max_len]
+
+
+def build_model(exp: RetrievalExperiment) -> RetrievalHead:
+    """The untrained ensemble of ``exp`` (seeds ``0 .. n_seeds-1``): what :func:`run_retrieval` starts from."""
+    max_len = exp.max_len if exp.max_len is not None else max(exp.eval_lengths)
+    return RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, exp.pe, exp.attention, max_len=max_len,
+                         n_models=exp.n_seeds, ape_init_std=exp.ape_init_std)
 
 
 @dataclass
@@ -123,11 +136,11 @@ def run_retrieval(exp: RetrievalExperiment, device=None) -> RetrievalResult:
     """Build, train and evaluate the ensemble described by ``exp``.
 
     Seeds ``0 .. n_seeds-1`` initialise the models; ``exp.data_seed`` seeds the
-    training stream. The APE table is sized for the longest evaluation length.
+    training stream. The APE table is sized for the longest evaluation length
+    (or ``exp.max_len`` rows when set).
     """
     lengths = exp.eval_lengths
-    model = RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, exp.pe, exp.attention,
-                          max_len=max(lengths), n_models=exp.n_seeds)
+    model = build_model(exp)
     history = train(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
                     train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
                     seed=exp.data_seed, device=device)
