@@ -148,6 +148,27 @@ def position_logits(model, seq_len: int, position_shift: int = 0,
     return torch.einsum("mah,mbh->mab", q, k) / math.sqrt(model.config.d_head)
 
 
+def position_attention(model, seq_len: int) -> Tensor:
+    """Causal attention of a query at every position m over the keys n <= m (softmax heads).
+
+    Args:
+        model: a ``RetrievalHead`` ensemble with ``attention == "softmax"``.
+        seq_len: L >= 1.
+
+    Returns:
+        tensor ``[M, L, L]`` (query position, key position): each row sums to 1, zeros above the diagonal.
+        Row ``L-1`` is ``model.attention_row(L)``.
+
+    Raises:
+        ValueError: the model uses linear attention (no softmax to normalise).
+    """
+    if model.config.attention != "softmax":
+        raise ValueError(f"position_attention needs a softmax head; got attention={model.config.attention!r}")
+    s = position_logits(model, seq_len)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=s.device).tril()
+    return s.masked_fill(~causal, float("-inf")).softmax(-1)
+
+
 @torch.no_grad()
 def shift_logit_difference(model, seq_len: int, shifts) -> Tensor:
     """Largest change of the model's score row when every position is shifted.

@@ -387,3 +387,86 @@ def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None 
     fig.update_layout(title=title)
     fig.update_yaxes(title=y_title)
     return fig
+
+
+def logit_rows_by_offset(panels: dict, title: str, target_offset: int | None = None,
+                         min_offset: int | None = None) -> go.Figure:
+    """Score rows of the query at several lengths, drawn against the offset ``j - (L-1)``.
+
+    Args:
+        panels: ``{panel title: {L: score row [L]}}``; each row is drawn at offsets ``-(L-1) .. 0``.
+        title: figure title.
+        target_offset: when given, the target offset ``-k`` is marked.
+        min_offset: when given, the x axis starts there (e.g. ``-47``: the offsets near the
+            query); the rest of each row is reached by zooming out.
+
+    Returns:
+        a plotly ``Figure`` with one panel per entry of ``panels`` (shared y axis).
+
+    Raises:
+        ValueError: ``panels`` is empty or a row's width differs from its L.
+    """
+    from plotly.subplots import make_subplots
+
+    _check_panels(panels)
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), shared_yaxes=True,
+                        horizontal_spacing=0.06)
+    dashes = ["solid", "dot", "dash", "dashdot"]
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
+    for c, (name, rows) in enumerate(panels.items()):
+        for i, (L, row) in enumerate(sorted(rows.items())):
+            row = np.asarray(row, dtype=float)
+            if row.shape != (L,):
+                raise ValueError(f"panels[{name!r}][{L}] must have shape ({L},); got {row.shape}")
+            fig.add_trace(go.Scatter(x=np.arange(-(L - 1), 1), y=row, mode="lines+markers", marker=dict(size=5),
+                                     line=dict(color=palette[i % 4], dash=dashes[i % 4], width=2),
+                                     name=f"L = {L}", legendgroup=str(L), showlegend=c == 0,
+                                     hovertemplate=f"L={L}, " + "offset %{x}: logit %{y:.5g}<extra></extra>"),
+                          row=1, col=c + 1)
+        fig.update_xaxes(title="offset j − (L−1) of the key from the query (tokens)", row=1, col=c + 1,
+                         range=None if min_offset is None else [min_offset - 0.5, 0.5])
+        if target_offset is not None:
+            fig.add_vline(x=-target_offset, line=dict(color="black", dash="dash", width=1), row=1, col=c + 1)
+    fig.update_yaxes(title="attention logit s_j (logit units)", row=1, col=1)
+    fig.update_layout(title=title)
+    return fig
+
+
+def per_position_curves(curves: dict, title: str, y_title: str, train_len: int | None = None,
+                        log_y: bool = False, floor: float = 1e-12) -> go.Figure:
+    """A per-position quantity (e.g. per-row gradient norm) against absolute position: mean line, min..max band.
+
+    Args:
+        curves: ``{name: values [n_seeds, P]}`` for positions ``0 .. P-1``.
+        title: figure title.
+        y_title: y axis title with units.
+        train_len: when given, the training positions are shaded.
+        log_y: log y axis; values below ``floor`` (exact zeros) are drawn at ``floor``.
+
+    Returns:
+        a plotly ``Figure``.
+    """
+    _check_panels(curves, "curves")
+    fig = go.Figure()
+    palette = ["#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd"]
+    for i, (name, v) in enumerate(curves.items()):
+        v = np.asarray(v, dtype=float)
+        if v.ndim != 2:
+            raise ValueError(f"curves[{name!r}] must be [n_seeds, positions]; got shape {v.shape}")
+        if log_y:
+            v = np.maximum(v, floor)
+        x = np.arange(v.shape[1])
+        color = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([v.max(0), v.min(0)[::-1]]),
+                                 mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
+                                 hoverinfo="skip", showlegend=False))
+        fig.add_trace(go.Scatter(x=x, y=v.mean(0), mode="lines", name=f"{name} (mean of {v.shape[0]})",
+                                 line=dict(color=color, width=2),
+                                 hovertemplate="position %{x}: %{y:.3g}<extra></extra>"))
+    if train_len is not None:
+        fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
+                      annotation_text="training positions", annotation_position="top left")
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="absolute position t (row of the APE table)")
+    fig.update_yaxes(title=y_title, type="log" if log_y else "linear", exponentformat="power" if log_y else None)
+    return fig
