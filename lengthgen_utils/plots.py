@@ -374,12 +374,13 @@ def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None 
         a plotly ``Figure``.
     """
     _check_panels(values, "values")
+    values = {n: np.asarray(v, dtype=float).ravel() for n, v in values.items()}
     names = list(values)
     fig = go.Figure()
     fig.add_trace(go.Bar(x=names, y=[float(np.mean(values[n])) for n in names], name="mean over seeds",
                          marker_color="rgba(214,39,40,0.35)"))
-    xs = [n for n in names for _ in np.atleast_1d(values[n])]
-    ys = [float(v) for n in names for v in np.atleast_1d(values[n])]
+    xs = [n for n in names for _ in values[n]]
+    ys = [float(v) for n in names for v in values[n]]
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="each seed", marker=dict(color="#d62728", size=8)))
     if chance is not None:
         fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5),

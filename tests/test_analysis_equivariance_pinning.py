@@ -162,3 +162,41 @@ def test_query_similarity():
     assert (A.query_similarity(model, [30], reference_position=15) < 0.999).all()
     with pytest.raises(ValueError, match="APE table"):
         A.query_similarity(model, [64], reference_position=15)
+
+
+def test_position_attention_rows_are_causal_softmax_and_last_row_is_the_models():
+    model = RetrievalHead(pe="ape", n_models=2, max_len=32, ape_init_std=0.5)
+    a = A.position_attention(model, 12)
+    assert a.shape == (2, 12, 12)
+    torch.testing.assert_close(a.sum(-1), torch.ones(2, 12))
+    assert (a.triu(1) == 0).all()
+    torch.testing.assert_close(a[:, -1], model.attention_row(12))
+    with pytest.raises(ValueError, match="softmax"):
+        A.position_attention(RetrievalHead(pe="rope", attention="linear"), 8)
+
+
+# --- figures of chapters 2 and 3
+def test_slider_figure_has_one_frame_and_step_per_length():
+    from lengthgen_utils import plots
+
+    rows = {L: torch.full((3, L), 1.0 / L) for L in (16, 24, 32)}
+    fig = plots.attention_row_slider(rows, train_len=16, target_offset=3, title="t")
+    assert [f.name for f in fig.frames] == ["16", "24", "32"]
+    assert [s.label for s in fig.layout.sliders[0].steps] == ["16", "24", "32"]
+    assert len(fig.frames[2].data) == 4 and len(fig.frames[2].data[0].x) == 32  # 3 seeds + the target marker
+    assert list(fig.frames[1].data[3].x) == [20, 20]  # target key L - 1 - k at L = 24
+    with pytest.raises(ValueError, match="rows"):
+        plots.attention_row_slider({16: torch.zeros(3, 15)}, 16, 3, "t")
+
+
+def test_heatmap_and_histogram_figures_validate_and_label():
+    from lengthgen_utils import plots
+
+    fig = plots.position_heatmaps({"a": torch.zeros(8, 8), "b": torch.ones(8, 8)}, "t", "logit", train_len=4)
+    assert len(fig.data) == 2 and fig.layout.xaxis.title.text.startswith("key position")
+    with pytest.raises(ValueError, match="square"):
+        plots.position_heatmaps({"a": torch.zeros(8, 7)}, "t", "logit")
+    counts = torch.zeros(2, 64, dtype=torch.long)
+    counts[:, 12] = 10
+    fig = plots.argmax_histogram(counts, train_len=16, marker_position=12, title="t")
+    assert len(fig.data) == 2 and list(fig.data[0].y[:13]) == [0] * 12 + [10]
