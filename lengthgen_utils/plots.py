@@ -182,20 +182,20 @@ def position_heatmaps(panels: dict, title: str, colorbar_title: str, train_len: 
 
     _check_panels(panels)
     n = len(panels)
-    fig = make_subplots(rows=1, cols=n, subplot_titles=list(panels), horizontal_spacing=0.12)
+    fig = make_subplots(rows=1, cols=n, subplot_titles=list(panels), horizontal_spacing=0.2)
     for i, (name, z) in enumerate(panels.items()):
         z = np.asarray(z, dtype=float)
         if z.ndim != 2 or z.shape[0] != z.shape[1]:
             raise ValueError(f"panel {name!r} must be a square matrix [L, L]; got shape {z.shape}")
-        x0 = (i + 1) / n - 0.02
+        x_right = fig.layout[f"xaxis{i + 1 if i else ''}"].domain[1]  # colour bar just right of its panel
         fig.add_trace(go.Heatmap(z=z, zmid=zmid, colorscale=colorscale,
-                                 colorbar=dict(title=dict(text=colorbar_title, side="right"), x=x0 + 0.015, len=0.8,
-                                               thickness=12),
+                                 colorbar=dict(title=dict(text=colorbar_title, side="right"), x=x_right + 0.01,
+                                               xanchor="left", len=0.8, thickness=12),
                                  hovertemplate="query m=%{y}, key n=%{x}: %{z:.4g}<extra></extra>"),
                       row=1, col=i + 1)
         fig.update_xaxes(title="key position n (tokens)", row=1, col=i + 1)
         fig.update_yaxes(title="query position m (tokens)" if i == 0 else None, autorange="reversed",
-                         scaleanchor=f"x{i + 1 if i else ''}", row=1, col=i + 1)
+                         row=1, col=i + 1)
         if train_len is not None and train_len < z.shape[0]:
             edge = train_len - 0.5
             for kw in (dict(x=edge), dict(y=edge)):
@@ -424,12 +424,12 @@ def logit_rows_by_offset(panels: dict, title: str, target_offset: int | None = N
                                      name=f"L = {L}", legendgroup=str(L), showlegend=c == 0,
                                      hovertemplate=f"L={L}, " + "offset %{x}: logit %{y:.5g}<extra></extra>"),
                           row=1, col=c + 1)
-        fig.update_xaxes(title="offset j − (L−1) of the key from the query (tokens)", row=1, col=c + 1,
+        fig.update_xaxes(title="key offset j − (L−1) (tokens)", row=1, col=c + 1,
                          range=None if min_offset is None else [min_offset - 0.5, 0.5])
         if target_offset is not None:
             fig.add_vline(x=-target_offset, line=dict(color="black", dash="dash", width=1), row=1, col=c + 1)
     fig.update_yaxes(title="attention logit s_j (logit units)", row=1, col=1)
-    fig.update_layout(title=title)
+    fig.update_layout(title=title, margin=dict(t=130), legend=dict(y=1.12))
     return fig
 
 
