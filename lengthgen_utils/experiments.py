@@ -99,6 +99,8 @@ class RetrievalExperiment:
     eval_samples: int = 512
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     data_seed: int = 0
+    ape_init_std: float = 0.02
+    max_len: int | None = None  # rows of the APE table; None = the longest evaluation length
     min_train_len: int | None = None  # shortest training length; None: offset + 2
 
     def __post_init__(self):
@@ -107,6 +109,8 @@ class RetrievalExperiment:
         check_int("n_seeds", self.n_seeds, minimum=1)
         if self.min_train_len is not None:
             check_int("min_train_len", self.min_train_len, minimum=self.offset + 2, maximum=self.train_len)
+        if self.max_len is not None:
+            check_int("max_len", self.max_len, minimum=self.train_len)
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalExperiment":
@@ -121,7 +125,9 @@ class RetrievalExperiment:
 
     @property
     def eval_lengths(self) -> list[int]:
-        return [self.train_len * m for m in self.length_multiples]
+        """``train_len`` times each length multiple, up to the APE table size when ``max_len`` is set."""
+        lengths = [self.train_len * m for m in self.length_multiples]
+        return lengths if self.max_len is None else [L for L in lengths if L <= self.max_len]
 
 
 @dataclass
@@ -213,7 +219,16 @@ def cache_description(config, device=None) -> dict:
 # ---------------------------------------------------------------- one ensemble
 def _retrieval_head(exp, n_models: int, seeds, max_len: int, pe: str, attention: str) -> RetrievalHead:
     return RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, pe, attention, max_len=max_len,
-                         n_models=n_models, seeds=seeds)
+                         n_models=n_models, seeds=seeds, ape_init_std=getattr(exp, "ape_init_std", 0.02))
+
+
+def build_model(exp: RetrievalExperiment) -> RetrievalHead:
+    """The untrained ensemble of ``exp`` (seeds ``0 .. n_seeds-1``): what :func:`run_retrieval` starts from.
+
+    The APE table has ``exp.max_len`` rows when set, else one per position up to the longest evaluation length.
+    """
+    max_len = exp.max_len if exp.max_len is not None else max(exp.eval_lengths)
+    return _retrieval_head(exp, exp.n_seeds, None, max_len, exp.pe, exp.attention)
 
 
 def _model_payload(model: RetrievalHead, history, lengths, accuracy) -> dict:
@@ -241,7 +256,7 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Retrieva
     lengths = exp.eval_lengths
 
     def compute():
-        model = _retrieval_head(exp, exp.n_seeds, None, max(lengths), exp.pe, exp.attention)
+        model = build_model(exp)
         history = train(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
                         train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
                         seed=exp.data_seed, device=device, min_train_len=exp.min_train_len)
@@ -249,7 +264,7 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Retrieva
         return _model_payload(model, history, lengths, acc)
 
     payload, status = load_or_run(exp, compute, cache=cache, device=device)
-    model = _retrieval_head(exp, exp.n_seeds, None, max(lengths), exp.pe, exp.attention)
+    model = build_model(exp)
     model.load_state_dict(payload["state_dict"])
     model.to(device).eval()
     return RetrievalResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"],
