@@ -348,6 +348,8 @@ def shift_invariance(model, tokens: Tensor, shifts=(1, 1000, 100000)) -> dict:
 
 
 # --- equivariance (chapter 2)
+LOW_PRECISION_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # angle dtypes compared
+
 def _check_dtype(name: str, dtype) -> torch.dtype:
     if dtype not in LOW_PRECISION_DTYPES:
         raise ValueError(f"{name} must be one of {LOW_PRECISION_DTYPES}; got {dtype!r}")

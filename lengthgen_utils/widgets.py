@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 
 import ipywidgets as widgets
-import torch
 
 from . import plots
 from ._validate import check_int

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lengthgen_utils import analysis as A
-from lengthgen_utils.experiments import RetrievalExperiment, build_model, get_profile
+from lengthgen_utils.experiments import RetrievalExperiment, build_model
 from lengthgen_utils.models import RetrievalHead
 from lengthgen_utils.positional import rope_angles
 from lengthgen_utils.tasks import FixedOffsetRetrieval
