@@ -284,13 +284,18 @@ class KernelHead(nn.Module):
 
     attention_row = scores
 
-    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, tokens: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
+        """``tokens [B, L]`` or ``[M, B, L]`` -> ``(outputs [M, B, V], attention [M, B, L])``.
+
+        ``validate=False`` skips the token-range check (for tokens sampled from the task), as in
+        :meth:`RetrievalHead.forward`.
+        """
         if not isinstance(tokens, Tensor) or tokens.dtype != torch.long:
             raise TypeError(f"tokens must be a LongTensor [B, L] or [M, B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)}")
         if tokens.dim() not in (2, 3) or (tokens.dim() == 3 and tokens.shape[0] != self.n_models):
             raise ValueError(f"tokens must have shape [B, L] or [M={self.n_models}, B, L]; got {tuple(tokens.shape)}")
         n_tokens = self.vocab_size + 1
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
+        if validate and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
             raise ValueError(f"tokens must lie in [0, {n_tokens - 1}]; got values in [{int(tokens.min())}, {int(tokens.max())}]")
         m, (b, seq_len) = self.n_models, tokens.shape[-2:]
         attn = self.scores(seq_len)  # [M, L]

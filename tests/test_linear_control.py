@@ -155,3 +155,12 @@ def test_kernel_head_rejects_bad_input():
     with pytest.raises(TypeError, match="tokens"):
         KernelHead()(torch.zeros(1, 5))
     assert torch.equal(KernelHead().frequencies, rope_inverse_frequencies(16))
+
+
+def test_kernel_head_is_evaluated_by_the_shared_accuracy_function():
+    """accuracy_by_length drives every model type through one call (a KernelHead once broke it)."""
+    from lengthgen_utils.evaluation import accuracy_by_length
+
+    model = KernelHead(init_std=1.0, n_models=2)
+    acc = accuracy_by_length(model, FixedOffsetRetrieval(16, 3), [16, 32], n_samples=64)
+    assert acc.shape == (2, 2) and ((acc >= 0) & (acc <= 1)).all()
