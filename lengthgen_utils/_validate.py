@@ -48,3 +48,28 @@ def check_int_sequence(name: str, values, minimum: int | None = None) -> tuple[i
     if not values:
         raise ValueError(f"{name} must not be empty")
     return tuple(check_int(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(values))
+
+
+def check_rope_base(name: str, value) -> float:
+    """Return a RoPE base as a float if it is a finite real number > 1 (so that frequencies decrease).
+
+    Raises:
+        TypeError: ``value`` is not a real number.
+        ValueError: ``value`` is NaN, infinite or ``<= 1``.
+    """
+    value = check_positive_float(name, value)
+    if value <= 1.0:
+        raise ValueError(f"{name} must be > 1 so that RoPE frequencies decrease; got {name}={value}")
+    return value
+
+
+def check_fits(name: str, value, check) -> int:
+    """Return ``check(value)``, re-raising a ``ValueError`` so that its message names ``name``.
+
+    For lengths handed to a task's ``check_seq_len`` under another name (e.g. ``train_len``).
+    """
+    value = check_int(name, value, minimum=1)
+    try:
+        return check(value)
+    except ValueError as err:
+        raise ValueError(f"{name}={value} does not fit the task: {err}") from err

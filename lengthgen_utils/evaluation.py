@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence
+import numbers
+
+from ._validate import check_int, check_int_sequence, check_positive_float
 from .training import as_task_list, batch_targets, cpu_threads, default_cpu_threads
 
 
@@ -75,7 +77,10 @@ def target_attention_mass(model, offset, lengths) -> Tensor:
         float64 ``[M, len(lengths)]`` in [0, 1].
     """
     lengths = check_int_sequence("lengths", lengths, minimum=2)
-    offsets = [offset] * model.n_models if isinstance(offset, int) else list(offset)
+    if isinstance(offset, numbers.Integral) and not isinstance(offset, bool):
+        offsets = [offset] * model.n_models
+    else:
+        offsets = list(check_int_sequence("offset", offset, minimum=1))
     if len(offsets) != model.n_models:
         raise ValueError(f"offset must be one int or {model.n_models} ints; got {len(offsets)}")
     offsets = [check_int("offset", k, minimum=1) for k in offsets]
@@ -100,7 +105,10 @@ def accuracy_with_logit_scale(model, task, lengths, logit_scale, n_samples: int 
         float64 ``[M, len(lengths)]``.
     """
     lengths = check_int_sequence("lengths", lengths, minimum=2)
-    scales = list(logit_scale)
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    if isinstance(logit_scale, (str, bytes)) or not hasattr(logit_scale, "__iter__"):
+        raise TypeError(f"logit_scale must be a sequence of positive numbers; got {type(logit_scale).__name__}")
+    scales = [check_positive_float(f"logit_scale[{i}]", c) for i, c in enumerate(logit_scale)]
     if len(scales) != len(lengths):
         raise ValueError(f"logit_scale must have one entry per length ({len(lengths)}); got {len(scales)}")
     if model.config.attention != "softmax":

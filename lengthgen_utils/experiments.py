@@ -18,7 +18,21 @@ import torch
 
 from . import __version__
 from . import cache as _cache
-from ._validate import check_int, check_int_sequence
+from ._validate import check_fits, check_int, check_int_sequence, check_positive_float
+
+
+def _check_fields(config, sizes: dict, rates: tuple = (), rates_or_zero: tuple = ()) -> None:
+    """Check a config's fields at construction: ``sizes`` maps int fields to their minimum; ``rates`` are
+    finite floats > 0, ``rates_or_zero`` finite floats >= 0. Errors name the field (``ValueError``/``TypeError``)."""
+    for name, minimum in sizes.items():
+        check_int(name, getattr(config, name), minimum=minimum)
+    for name in rates:
+        check_positive_float(name, getattr(config, name))
+    for name in rates_or_zero:
+        check_positive_float(name, getattr(config, name), allow_zero=True)
+
+
+_HEAD_SIZES = dict(vocab_size=2, d_model=1, d_head=2, steps=1, batch_size=1, eval_samples=1, data_seed=0)
 from .evaluation import accuracy_by_length
 from .models import RetrievalHead, check_attention
 from .positional import check_pe
@@ -105,8 +119,13 @@ class RetrievalExperiment:
 
     def __post_init__(self):
         check_pe(self.pe)
-        check_int("train_len", self.train_len, minimum=self.offset + 2)
+        check_attention(self.attention)
+        offset = check_int("offset", self.offset, minimum=1)
+        check_int("train_len", self.train_len, minimum=offset + 2)
         check_int("n_seeds", self.n_seeds, minimum=1)
+        _check_fields(self, _HEAD_SIZES, rates=("lr",), rates_or_zero=("weight_decay", "ape_init_std"))
+        object.__setattr__(self, "length_multiples", check_int_sequence("length_multiples",
+                                                                        self.length_multiples, minimum=1))
         if self.min_train_len is not None:
             check_int("min_train_len", self.min_train_len, minimum=self.offset + 2, maximum=self.train_len)
         if self.max_len is not None:
@@ -327,6 +346,7 @@ class RetrievalSweep:
                                                                         self.length_multiples, minimum=1))
         check_int("train_len", self.train_len, minimum=max(offsets) + 2)
         check_int("n_seeds", self.n_seeds, minimum=1)
+        _check_fields(self, _HEAD_SIZES, rates=("lr",), rates_or_zero=("weight_decay",))
         if self.min_train_len is not None:
             check_int("min_train_len", self.min_train_len, minimum=max(offsets) + 2, maximum=self.train_len)
 
@@ -658,7 +678,22 @@ class TransformerExperiment:
     def __post_init__(self):
         check_pe(self.pe)
         check_int("n_seeds", self.n_seeds, minimum=1)
-        self.make_task()  # validates the task name and offsets
+        _check_fields(self, dict(vocab_size=2, n_layers=1, n_heads=1, d_model=1, batch_size=1, steps=1,
+                                 eval_samples=1, data_seed=0), rates=("lr",), rates_or_zero=("weight_decay",))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads; got d_model={self.d_model}, n_heads={self.n_heads}")
+        if isinstance(self.offsets, (str, bytes)) or not hasattr(self.offsets, "__iter__"):
+            raise TypeError(f"offsets must be a sequence of ints; got {type(self.offsets).__name__} {self.offsets!r}")
+        if self.task in ("delayed_copy", "lagged_sum"):
+            n = 1 if self.task == "delayed_copy" else 2
+            offsets = check_int_sequence("offsets", self.offsets, minimum=1)
+            if len(offsets) != n:
+                raise ValueError(f"offsets must hold {n} lag(s) for task {self.task!r}; got offsets={offsets}")
+        task = self.make_task()  # validates the task name
+        check_fits("train_len", self.train_len, task.check_seq_len)
+        lengths = check_int_sequence("eval_lengths", self.eval_lengths, minimum=1)
+        for i, seq_len in enumerate(lengths):
+            check_fits(f"eval_lengths[{i}]", seq_len, task.check_seq_len)
 
     def make_task(self):
         from .tasks import Copy, DelayedCopy, LaggedSum, RunningParity

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import check_int, check_int_sequence, check_positive_float
+from ._validate import check_int, check_int_sequence, check_positive_float, check_rope_base
 from .positional import LearnedAbsolutePE, apply_rope, check_pe, rope_cos_sin, rope_inverse_frequencies, rotate_pairs
 
 ATTENTION_NAMES = ("softmax", "linear")
@@ -49,8 +49,11 @@ class RetrievalHeadConfig:
         check_attention(self.attention)
         check_int("max_len", self.max_len, minimum=2)
         check_positive_float("ape_init_std", self.ape_init_std, allow_zero=True)
-        if self.pe == "rope":
-            rope_inverse_frequencies(self.d_head, self.rope_base)  # validates d_head parity and base
+        check_rope_base("rope_base", self.rope_base)  # checked for every pe: a config must not hold a bad base
+        if not isinstance(self.interleaved, bool):
+            raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
+        if self.pe == "rope" and self.d_head % 2:
+            raise ValueError(f"d_head must be even for RoPE (channels are rotated in pairs); got d_head={self.d_head}")
 
 
 class RetrievalHead(nn.Module):
@@ -95,8 +98,10 @@ class RetrievalHead(nn.Module):
                  attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None,
                  rope_base: float = 10000.0, interleaved: bool = False, ape_init_std: float = 0.02):
         super().__init__()
+        rope_base = check_rope_base("rope_base", rope_base)
+        ape_init_std = check_positive_float("ape_init_std", ape_init_std, allow_zero=True)
         self.config = RetrievalHeadConfig(vocab_size, d_model, d_head, pe, attention, max_len,
-                                          float(rope_base), bool(interleaved), float(ape_init_std))
+                                          rope_base, bool(interleaved), ape_init_std)
         n_models = check_int("n_models", n_models, minimum=1)
         seeds = tuple(range(n_models)) if seeds is None else check_int_sequence("seeds", seeds, minimum=0)
         if len(seeds) != n_models:
@@ -249,7 +254,7 @@ class KernelHead(nn.Module):
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=2)
         self.d_head = check_int("d_head", d_head, minimum=2)
-        self.rope_base = float(rope_base)
+        self.rope_base = check_rope_base("rope_base", rope_base)
         from .theory import kernel_frequencies
 
         self.frequencies = kernel_frequencies(self.d_head, self.rope_base, frequencies)  # validates
@@ -311,28 +316,177 @@ def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> T
     return F.layer_norm(x, x.shape[-1:], eps=eps) * weight.view(shape) + bias.view(shape)
 
 
+def _check_qkv(q, k, v) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``q, k, v`` are floating tensors ``[..., L, d]`` that fit together."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point torch.Tensor [..., L, d]; "
+                            f"got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() < 2 or t.shape[-2] < 1 or t.shape[-1] < 1:
+            raise ValueError(f"{name} must have shape [..., L, d] with L >= 1 and d >= 1; got {tuple(t.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share d_head; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must share [..., L]; got k {tuple(k.shape)} and v {tuple(v.shape)}")
+
+
+def additive_mask(mask: Tensor, q_len: int, k_len: int, dtype: torch.dtype) -> Tensor:
+    """The additive (0 / -inf) form of an attention mask, after checking it.
+
+    Two forms are accepted, and nothing else:
+
+    * **boolean**: ``True`` = the query may attend to the key, ``False`` = it may not;
+    * **additive float**: every entry is exactly ``0`` (attend) or ``-inf`` (do not attend).
+
+    A float mask of 0/1 (a common mistake: it reads like a boolean mask but, added to
+    the logits, it masks nothing) or any other bias is rejected.
+
+    Args:
+        mask: ``[L_q, L_k]`` or broadcastable to ``[..., L_q, L_k]``.
+        q_len, k_len: ``L_q``, ``L_k``.
+        dtype: floating dtype of the returned bias.
+
+    Returns:
+        ``[..., L_q, L_k]`` tensor of ``dtype`` holding 0 and -inf.
+
+    Raises:
+        TypeError: ``mask`` is not a bool or floating tensor.
+        ValueError: wrong trailing shape, a float entry other than 0 / -inf, or a query row
+            that may attend to no key (its softmax would be NaN).
+    """
+    if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
+        raise TypeError("mask must be a bool tensor (True = attend) or a float tensor of 0 / -inf (added to "
+                        f"the logits); got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if mask.dim() < 2 or mask.shape[-2:] != (q_len, k_len):
+        raise ValueError(f"mask must have shape [..., L_q={q_len}, L_k={k_len}]; got {tuple(mask.shape)}")
+    if mask.dtype == torch.bool:
+        allowed = mask
+    else:
+        ok = (mask == 0) | (mask == float("-inf"))
+        if not bool(ok.all()):
+            bad = mask[~ok].flatten()[:3].tolist()
+            raise ValueError("a float mask must hold only 0 (attend) and -inf (do not attend), the additive form; "
+                             f"got values such as {bad}. For a 0/1 mask pass mask.bool() (True = attend).")
+        allowed = mask == 0
+    if not bool(allowed.any(-1).all()):
+        raise ValueError("mask leaves a query with no key to attend to (its softmax would be NaN)")
+    return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, float("-inf"))
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, return_weights: bool = False):
+    """Softmax attention ``softmax(q k^T / sqrt(d_head) + bias) v`` under an explicit mask.
+
+    Args:
+        q: ``[..., L_q, d_head]``; k: ``[..., L_k, d_head]``; v: ``[..., L_k, d_v]``.
+        mask: boolean (``True`` = attend) or additive float (0 / -inf), ``[L_q, L_k]`` or
+            broadcastable to ``[..., L_q, L_k]``; see :func:`additive_mask`. The two forms of
+            the same mask give identical results.
+        return_weights: also return the weights ``[..., L_q, L_k]``.
+
+    Returns:
+        output ``[..., L_q, d_v]`` (and the weights, if asked).
+
+    Raises:
+        TypeError / ValueError: see :func:`additive_mask`; tensors of the wrong type or shape.
+
+    Source: Vaswani et al. 2017, eq. (1).
+    """
+    _check_qkv(q, k, v)
+    bias = additive_mask(mask, q.shape[-2], k.shape[-2], q.dtype)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias.to(q.device)
+    weights = scores.softmax(-1)
+    out = weights @ v
+    return (out, weights) if return_weights else out
+
+
+def causal_mask(seq_len: int, device=None) -> Tensor:
+    """Boolean causal mask ``[L, L]``: entry ``(i, j)`` is True iff ``j <= i`` (query i sees keys 0..i)."""
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = False):
     """Causal softmax attention, query ``i`` sees keys ``0 .. i``.
 
     Args:
         q, k, v: ``[..., L, d_head]``.
-        return_weights: also return the attention weights ``[..., L, L]`` (explicit path);
-            otherwise torch's fused ``scaled_dot_product_attention`` is used.
+        return_weights: also return the attention weights ``[..., L, L]``: the explicit path,
+            :func:`masked_attention` with :func:`causal_mask`; otherwise torch's fused
+            ``scaled_dot_product_attention`` (the same function up to float rounding).
 
     Returns:
         output ``[..., L, d_head]`` (and weights, if asked).
 
     Source: Vaswani et al. 2017, eq. (1), with a causal mask.
     """
+    _check_qkv(q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal attention needs as many queries as keys; got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if not return_weights:
         flat = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731  SDPA wants [N, L, d]
         out = F.scaled_dot_product_attention(flat(q), flat(k), flat(v), is_causal=True)
         return out.view(q.shape[:-1] + v.shape[-1:])
-    seq_len = q.shape[-2]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).tril()
-    weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    return weights @ v, weights
+    return masked_attention(q, k, v, causal_mask(q.shape[-2], q.device), return_weights=True)
+
+
+LINEAR_FEATURE_MAPS = ("elu+1", "identity")
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, normalize: bool = True, feature_map="elu+1") -> Tensor:
+    """Causal linear attention in O(L) time through cumulative sums.
+
+    With features ``phi``, output ``t`` is
+
+        unnormalised:  o_t = sum_{j<=t} (phi(q_t) . phi(k_j)) v_j
+        normalised:    o_t = sum_{j<=t} w_tj v_j,   w_tj = phi(q_t) . phi(k_j) / sum_{i<=t} phi(q_t) . phi(k_i)
+
+    computed as ``phi(q_t)^T S_t`` with ``S_t = sum_{j<=t} phi(k_j) v_j^T`` (a running sum).
+    The normalised form is evaluated as ``v_0 + sum_j w_tj (v_j - v_0)`` (the same value,
+    since the weights sum to 1 and every query sees key 0), so constant values come
+    back *exactly*. The default feature map ``elu(x) + 1`` is positive, so the
+    normaliser never vanishes (Katharopoulos et al. 2020). The unnormalised form with the
+    identity map is the raw-logit control of chapter 6.
+
+    Args:
+        q, k: ``[..., L, d_head]``; v: ``[..., L, d_v]``.
+        normalize: divide by the running normaliser (True) or not.
+        feature_map: ``"elu+1"``, ``"identity"`` or a callable ``[..., L, d] -> [..., L, d']``.
+
+    Returns:
+        ``[..., L, d_v]``; output ``t`` depends on positions ``0 .. t`` only.
+
+    Raises:
+        TypeError / ValueError: bad tensors or feature map; ``normalize=True`` with a
+            normaliser that is not positive at some position (the output would be inf/NaN).
+
+    Source: Katharopoulos et al. 2020, *Transformers are RNNs*, eq. (4)-(9).
+    """
+    _check_qkv(q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal attention needs as many queries as keys; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__} {normalize!r}")
+    if feature_map == "elu+1":
+        phi = lambda x: F.elu(x) + 1  # noqa: E731
+    elif feature_map == "identity":
+        phi = lambda x: x  # noqa: E731
+    elif callable(feature_map):
+        phi = feature_map
+    else:
+        raise ValueError(f"feature_map must be one of {LINEAR_FEATURE_MAPS} or a callable; got {feature_map!r}")
+    fq, fk = phi(q), phi(k)
+    v_first = v[..., :1, :]
+    if normalize:
+        v = v - v_first
+    state = torch.cumsum(fk[..., :, None] * v[..., None, :], dim=-3)  # S_t: [..., L, d', d_v]
+    out = torch.einsum("...lf,...lfe->...le", fq, state)
+    if not normalize:
+        return out
+    denom = (fq * torch.cumsum(fk, dim=-2)).sum(-1, keepdim=True)  # [..., L, 1]
+    if not bool((denom > 0).all()):
+        raise ValueError("the linear-attention normaliser is not positive at some position; use a positive "
+                         "feature map (e.g. 'elu+1') with normalize=True")
+    return v_first + out / denom
 
 
 class Transformer(nn.Module):
@@ -376,8 +530,10 @@ class Transformer(nn.Module):
         if d_model % n_heads:
             raise ValueError(f"d_model must be divisible by n_heads; got d_model={d_model}, n_heads={n_heads}")
         d_head = d_model // n_heads
-        if pe == "rope":
-            rope_inverse_frequencies(d_head, rope_base)  # raises for odd d_head
+        rope_base = check_rope_base("rope_base", rope_base)
+        if pe == "rope" and d_head % 2:
+            raise ValueError(f"d_head = d_model / n_heads must be even for RoPE (channels are rotated in pairs); "
+                             f"got d_head={d_head} (d_model={d_model}, n_heads={n_heads})")
         n_models = check_int("n_models", n_models, minimum=1)
         seeds = tuple(range(n_models)) if seeds is None else check_int_sequence("seeds", seeds, minimum=0)
         if len(seeds) != n_models:

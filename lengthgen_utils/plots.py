@@ -12,6 +12,8 @@ copy of plotly.js that the build serves from its own ``_static`` folder
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -77,6 +79,41 @@ def _color(name: str, i: int) -> str:
     return PE_COLORS.get(name.split()[0].lower(), palette[i % len(palette)])
 
 
+MIN_SEEDS = 5  # fewer seeds than this are flagged in the figure title (STYLE.md: mean and spread over >= 5 seeds)
+BELOW_CHANCE_TOL = 0.05  # a mean accuracy this far below chance is flagged as a likely bug
+
+
+def seed_note(title: str, n_seeds: int) -> str:
+    """``title`` with ``" (N seeds: fewer than 5)"`` appended when ``n_seeds < MIN_SEEDS``."""
+    return title if n_seeds >= MIN_SEEDS else f"{title} ({n_seeds} seed{'s' if n_seeds != 1 else ''}: fewer than {MIN_SEEDS})"
+
+
+def flag_below_chance(fig: go.Figure, means: dict, chance: float, tol: float = BELOW_CHANCE_TOL) -> list[str]:
+    """Warn and annotate ``fig`` when a mean accuracy lies more than ``tol`` below ``chance``.
+
+    On a balanced task no predictor that ignores the target can score below chance in
+    expectation, so a mean clearly below it points at a bug (mis-aligned targets,
+    scoring padded positions, a wrong chance level) rather than at a result.
+
+    Args:
+        fig: the figure to annotate.
+        means: ``{curve name: mean accuracies [n]}`` (NaN entries are ignored).
+        chance: chance accuracy.
+        tol: allowed shortfall (sampling noise).
+
+    Returns:
+        the names of the flagged curves (empty when none is below chance).
+    """
+    flagged = [name for name, m in means.items()
+               if np.any(np.nan_to_num(np.asarray(m, dtype=float), nan=np.inf) < chance - tol)]
+    if flagged:
+        names = ", ".join(_label(n) for n in flagged)
+        warnings.warn(f"mean accuracy below chance ({chance:.3f} - {tol}) for {names}: likely a bug", stacklevel=3)
+        fig.add_annotation(text=f"below chance: likely a bug ({names})", xref="paper", yref="paper", x=0.5, y=0.02,
+                           showarrow=False, font=dict(color="#d62728", size=14), bgcolor="rgba(255,255,255,0.8)")
+    return flagged
+
+
 def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
                        y_title: str = "accuracy at the query (fraction correct)") -> go.Figure:
     """Accuracy against evaluation length, mean over seeds with a min..max band.
@@ -90,6 +127,9 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
 
     Returns:
         a plotly ``Figure`` whose x axis is ``log2(L)``, labeled in tokens and multiples of ``train_len``.
+        A mean more than :data:`BELOW_CHANCE_TOL` below ``chance`` is annotated "below chance: likely a
+        bug" and warned about (:func:`flag_below_chance`); fewer than 5 seeds are noted in the title
+        (:func:`seed_note`).
 
     Raises:
         ValueError: ``curves`` is empty, or an accuracy array is not ``[n_seeds, len(lengths)]``.
@@ -97,7 +137,7 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
     if not curves:
         raise ValueError("curves must name at least one curve")
     fig = go.Figure()
-    all_lengths = set()
+    all_lengths, means, n_seeds = set(), {}, []
     for i, (name, (lengths, acc)) in enumerate(curves.items()):
         lengths = np.asarray(lengths)
         acc = np.asarray(acc, dtype=float)
@@ -106,6 +146,8 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
         all_lengths.update(int(x) for x in lengths)
         color = _color(name, i)
         lo, hi, mean = acc.min(0), acc.max(0), acc.mean(0)
+        means[name] = mean
+        n_seeds.append(acc.shape[0])
         x = np.log2(lengths)  # a linear axis over log2(L): shapes and hovers stay in plain units
         fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
                                  mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
@@ -120,7 +162,8 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
                   annotation_text=f"chance = {chance:.3f}", annotation_position="bottom right")
     fig.add_vline(x=float(np.log2(train_len)), line=dict(color="gray", dash="dash", width=1),
                   annotation_text="training length", annotation_position="top left")
-    fig.update_layout(title=title)
+    flag_below_chance(fig, means, chance)
+    fig.update_layout(title=seed_note(title, min(n_seeds)))
     fig.update_xaxes(title="evaluation sequence length L (tokens; multiple of the training length; log scale)",
                      tickvals=np.log2(ticks), ticktext=[f"{t} ({t / train_len:g}x)" for t in ticks])
     fig.update_yaxes(title=y_title, range=[-0.02, 1.05])
@@ -406,13 +449,26 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
         chance: chance accuracy (dotted line).
         train_len: training length (dashed line: positions to its right were never trained).
         title: figure title.
+
+    Returns:
+        a plotly ``Figure``; below-chance means are flagged and fewer than 5 seeds noted, as in
+        :func:`accuracy_vs_length`.
+
+    Raises:
+        ValueError: ``curves`` is empty, or an accuracy array is not 2-D.
     """
+    if not curves:
+        raise ValueError("curves must name at least one curve")
     fig = go.Figure()
+    means, n_seeds = {}, []
     for i, (name, acc) in enumerate(curves.items()):
         acc = np.asarray(acc, dtype=float)
+        if acc.ndim != 2:
+            raise ValueError(f"accuracy for {name!r} must be [n_seeds, L]; got shape {acc.shape}")
         pos = np.arange(acc.shape[1])
         keep = ~np.isnan(acc).any(0)
         pos, acc = pos[keep], acc[:, keep]
+        means[name], n_seeds = acc.mean(0), n_seeds + [acc.shape[0]]
         color = _color(name, i)
         fig.add_trace(go.Scatter(x=np.concatenate([pos, pos[::-1]]), y=np.concatenate([acc.max(0), acc.min(0)[::-1]]),
                                  mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
@@ -423,7 +479,8 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
                   annotation_text=f"chance = {chance:.3f}", annotation_position="bottom right")
     fig.add_vline(x=train_len - 0.5, line=dict(color="gray", dash="dash", width=1),
                   annotation_text="training length", annotation_position="top right")
-    fig.update_layout(title=title)
+    flag_below_chance(fig, means, chance)
+    fig.update_layout(title=seed_note(title, min(n_seeds)))
     fig.update_xaxes(title="position t in the sequence (tokens)")
     fig.update_yaxes(title="token accuracy at position t (fraction)", range=[-0.02, 1.05])
     return fig

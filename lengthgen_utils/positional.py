@@ -17,7 +17,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from ._validate import check_int, check_positive_float
+from ._validate import check_int, check_positive_float, check_rope_base
 
 PE_NAMES = ("rope", "ape", "nope")
 
@@ -54,9 +54,7 @@ def rope_inverse_frequencies(d_head: int, base: float = 10000.0) -> Tensor:
     check_int("d_head", d_head, minimum=2)
     if d_head % 2:
         raise ValueError(f"d_head must be even for RoPE (channels are rotated in pairs); got d_head={d_head}")
-    base = check_positive_float("base", base)
-    if base <= 1.0:
-        raise ValueError(f"base must be > 1 so that frequencies decrease; got base={base}")
+    base = check_rope_base("base", base)
     exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head
     return base ** (-exponents)
 
@@ -158,7 +156,6 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, interleaved:
     return rotate_pairs(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
-@lru_cache(maxsize=256)
 def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shift: int = 0,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """cos and sin of the RoPE angles at positions ``shift .. shift + seq_len - 1``, memoised.
@@ -185,12 +182,24 @@ def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shif
     """
     seq_len = check_int("seq_len", seq_len, minimum=1)
     position_shift = check_int("position_shift", position_shift)
+    d_head = check_int("d_head", d_head, minimum=2)
+    base = check_rope_base("base", base)  # validated before the cache sees it (an unhashable value would fail there)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+    return _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, torch.device(device))
+
+
+@lru_cache(maxsize=256)
+def _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, device) -> tuple[Tensor, Tensor]:
+    """The memoised body of :func:`rope_cos_sin` (validated arguments)."""
     with torch.inference_mode(False):  # cached tables must stay usable by autograd whoever built them first
         positions = torch.arange(seq_len, device=device) + position_shift
         angles = rope_angles(positions, d_head, base)
         return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+rope_cos_sin.cache_clear = _rope_cos_sin.cache_clear
+rope_cos_sin.cache_info = _rope_cos_sin.cache_info
 
 
 def rope_rotation_matrix(angles: Tensor, interleaved: bool = False) -> Tensor:

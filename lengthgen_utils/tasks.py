@@ -154,6 +154,13 @@ class DelayedCopy:
                              f"scored; got seq_len={seq_len}")
         return seq_len
 
+    def sample_space_size(self, seq_len: int) -> int:
+        """Number of distinct sequences of length ``seq_len``: ``vocab_size ** seq_len`` (every token is free).
+
+        Small spaces can be memorised (e.g. 4 ** 5 = 1024 sequences): report it before calling accuracy generalization.
+        """
+        return self.vocab_size ** self.check_seq_len(seq_len)
+
     def targets(self, tokens: Tensor) -> Tensor:
         """Targets ``[B, L]`` (``IGNORE_INDEX`` where undefined) for ``tokens [B, L]``."""
         self.check_seq_len(tokens.shape[-1])
@@ -222,6 +229,10 @@ class RunningParity:
     def check_seq_len(self, seq_len: int) -> int:
         return check_int("seq_len", seq_len, minimum=1)
 
+    def sample_space_size(self, seq_len: int) -> int:
+        """Number of distinct bit sequences of length ``seq_len``: ``2 ** seq_len``."""
+        return 2 ** self.check_seq_len(seq_len)
+
     def targets(self, tokens: Tensor) -> Tensor:
         self.check_seq_len(tokens.shape[-1])
         return tokens.cumsum(-1) % 2
@@ -267,6 +278,10 @@ class Copy:
         if seq_len % 2 == 0:
             raise ValueError(f"seq_len must be odd (2n + 1: n tokens, the separator, n copies); got {seq_len}")
         return seq_len
+
+    def sample_space_size(self, seq_len: int) -> int:
+        """Number of distinct sequences of length ``2n + 1``: ``vocab_size ** n`` (the copy is determined)."""
+        return self.vocab_size ** ((self.check_seq_len(seq_len) - 1) // 2)
 
     def targets(self, tokens: Tensor) -> Tensor:
         seq_len = self.check_seq_len(tokens.shape[-1])

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_int, check_positive_float
+from ._validate import check_fits, check_int, check_positive_float
 
 
 def default_device() -> torch.device:
@@ -145,7 +145,7 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         raise TypeError(f"callback must be None or callable; got {type(callback).__name__} {callback!r}")
     tasks = as_task_list(task, model.n_models)
     for t in tasks:
-        t.check_seq_len(train_len)
+        check_fits("train_len", train_len, t.check_seq_len)
     if tasks[0].vocab_size != model.config.vocab_size:
         raise ValueError(f"task vocab_size={tasks[0].vocab_size} differs from model vocab_size={model.config.vocab_size}")
     min_len = max(t.min_seq_len for t in tasks)
@@ -224,7 +224,7 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
     seed = check_int("seed", seed, minimum=0)
     tasks = as_task_list(task, model.n_models)
     for t in tasks:
-        t.check_seq_len(train_len)
+        check_fits("train_len", train_len, t.check_seq_len)
     min_len = max(t.min_seq_len for t in tasks)
     device = torch.device(device) if device is not None else default_device()
     model.to(device)
@@ -292,7 +292,7 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     lr = check_positive_float("lr", lr)
     weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
     seed = check_int("seed", seed, minimum=0)
-    task.check_seq_len(train_len)
+    train_len = check_fits("train_len", train_len, task.check_seq_len)
     n_tokens = getattr(task, "n_tokens", task.vocab_size)  # input vocabulary (a separator may be extra)
     if n_tokens != model.vocab_size:
         raise ValueError(f"task input vocabulary {n_tokens} differs from model vocab_size={model.vocab_size}")
