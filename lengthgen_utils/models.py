@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._validate import check_int, check_int_sequence, check_positive_float, check_rope_base
-from .positional import LearnedAbsolutePE, apply_rope, check_pe, rope_cos_sin, rope_inverse_frequencies, rotate_pairs
+from .positional import LearnedAbsolutePE, apply_rope, check_pe, rope_cos_sin, rotate_pairs
 
 ATTENTION_NAMES = ("softmax", "linear")
 

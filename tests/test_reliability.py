@@ -2,7 +2,6 @@
 
 One section per case; every test docstring names its case number.
 """
-import math
 import warnings
 
 import numpy as np
