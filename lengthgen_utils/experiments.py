@@ -492,9 +492,22 @@ def run_single_head_suite(profile: Profile, n_seeds: int | None = None, device=N
     return run_sweep(sweep, device=device, cache=cache, progress=progress, on_ensemble=on_ensemble)
 
 
-# The multi-layer transformer of chapter 7 registers its suite here when it joins the package
-# (seeds: ``profile.transformer_seeds``); until then the command line reports it as not available.
-SUITES: dict[str, Callable | None] = {"single-head": run_single_head_suite, "transformer": None}
+def run_transformer_suite(profile: Profile, n_seeds: int | None = None, device=None, cache=True,
+                          progress: bool = True, on_ensemble: Callable | None = None) -> dict:
+    """Chapter 7's transformer on delayed copy, one ensemble per PE (RoPE, APE, NoPE).
+
+    Seeds default to the profile's transformer setting (``TRANSFORMER_PROFILES``; 5 in ``full``).
+    ``on_ensemble(pe, attention, status, seconds)`` is called after each ensemble, as for the
+    single-head suite. Returns ``{pe: TransformerResult}``.
+    """
+    overrides = {} if n_seeds is None else {"n_seeds": check_int("n_seeds", n_seeds, minimum=1)}
+    results = {}
+    for pe in ("rope", "ape", "nope"):
+        start = time.perf_counter()
+        results[pe] = run_transformer(transformer_experiment(profile, pe=pe, **overrides), device=device, cache=cache)
+        if on_ensemble is not None:
+            on_ensemble(pe, "softmax", "done", time.perf_counter() - start)
+    return results
 
 
 # --- offset sweeps for chapters 4 and 5
@@ -772,3 +785,6 @@ def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Tran
     for seq_len in exp.eval_lengths:
         inside, outside[seq_len] = split_accuracy(accuracy[seq_len], counts[seq_len], exp.train_len)
     return TransformerResult(exp, model, payload["loss_history"], accuracy, counts, inside, outside)
+
+
+SUITES: dict[str, Callable] = {"single-head": run_single_head_suite, "transformer": run_transformer_suite}

@@ -395,8 +395,6 @@ def test_command_line_run_prints_a_summary_table(tmp_path, monkeypatch, capsys):
     assert len(table) == 3 * 2  # PE x offsets, one attention type
     assert main(["run", "--profile", "quick", "--suite", "single-head", "--seeds", "2", "--device", "cpu"]) == 0
     assert "rope/softmax hit" in capsys.readouterr().out
-    assert main(["run", "--profile", "quick", "--suite", "transformer"]) == 2
-    assert "not available yet" in capsys.readouterr().out
     assert main(["cache", "info"]) == 0
     assert "3 entries" in capsys.readouterr().out
 
@@ -418,3 +416,17 @@ def test_benchmark_smoke(capsys):
                        "--no-thread-comparison", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "model-steps/s" in out and "MFLOP" in out and "ratio" in out
+
+
+def test_cli_runs_the_transformer_suite(monkeypatch, tmp_path, capsys):
+    """The transformer suite (chapter 7's delayed copy, RoPE/APE/NoPE) runs and prints its table."""
+    from lengthgen_utils import experiments
+    from lengthgen_utils.__main__ import main
+
+    tiny = dict(d_model=16, n_heads=2, batch_size=4, steps=2, lr=1e-3, n_seeds=1, eval_samples=2)
+    monkeypatch.setitem(experiments.TRANSFORMER_PROFILES, "quick", tiny)
+    monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path))
+    assert main(["run", "--profile", "quick", "--suite", "transformer", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("rope ", "ape ", "nope "))]
+    assert rows == ["rope", "ape", "nope"] and "t >= 32 @256" in out and "wall time" in out
