@@ -183,12 +183,13 @@ def token_accuracy_by_position(model, task, seq_len: int, n_samples: int = 256, 
     gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
     correct = torch.zeros(model.n_models, seq_len, dtype=torch.float64)
     counts = torch.zeros(seq_len, dtype=torch.float64)
-    for start in range(0, n_samples, batch_size):
-        tokens, targets = task.sample(min(batch_size, n_samples - start), seq_len, gen, device=model.device)
-        scored = targets != IGNORE_INDEX
-        hits = (model(tokens).argmax(-1) == targets) & scored
-        correct += hits.sum(1).double().cpu()
-        counts += scored.sum(0).double().cpu()
+    with cpu_threads(default_cpu_threads() if model.device.type == "cpu" else None):
+        for start in range(0, n_samples, batch_size):
+            tokens, targets = task.sample(min(batch_size, n_samples - start), seq_len, gen, device=model.device)
+            scored = targets != IGNORE_INDEX
+            hits = (model(tokens).argmax(-1) == targets) & scored
+            correct += hits.sum(1).double().cpu()
+            counts += scored.sum(0).double().cpu()
     acc = correct / counts
     acc[:, counts == 0] = float("nan")
     return acc, counts

@@ -745,7 +745,7 @@ class TransformerResult:
     loss_history: torch.Tensor  # [steps, n_seeds]
     accuracy: dict  # {eval length: [n_seeds, L] per-position token accuracy}
     counts: dict  # {eval length: [L] scored tokens per position}
-    inside: torch.Tensor  # [n_seeds] token accuracy at positions < train_len (at the longest length)
+    inside: torch.Tensor  # [n_seeds] token accuracy at positions < train_len (at the shortest eval length)
     outside: dict  # {eval length: [n_seeds] token accuracy at positions >= train_len}
 
 
@@ -781,9 +781,11 @@ def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Tran
     model.to(device).eval()
     accuracy = dict(zip(exp.eval_lengths, payload["accuracy"]))
     counts = dict(zip(exp.eval_lengths, payload["counts"]))
-    outside = {}
-    for seq_len in exp.eval_lengths:
-        inside, outside[seq_len] = split_accuracy(accuracy[seq_len], counts[seq_len], exp.train_len)
+    split = {L: split_accuracy(accuracy[L], counts[L], exp.train_len) for L in exp.eval_lengths}
+    outside = {L: out for L, (_, out) in split.items()}
+    # inside the training length, measured on the shortest evaluation sequences (the training length
+    # itself in every experiment of the book): a longer sequence may score no position < train_len (copy)
+    inside = split[min(exp.eval_lengths)][0]
     return TransformerResult(exp, model, payload["loss_history"], accuracy, counts, inside, outside)
 
 

@@ -297,6 +297,14 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     if n_tokens != model.vocab_size:
         raise ValueError(f"task input vocabulary {n_tokens} differs from model vocab_size={model.vocab_size}")
     device = torch.device(device) if device is not None else default_device()
+    with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
+        return _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
+                                    progress)
+
+
+def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
+                         progress) -> Tensor:
+    """The loop of :func:`train_sequence`, on validated arguments (one CPU thread by default, as :func:`train`)."""
     model.to(device)
     model.train()
     gen = torch.Generator().manual_seed(seed)
