@@ -262,15 +262,7 @@ def test_normalized_linear_attention_refuses_a_vanishing_normaliser():
 
 
 # ---------------------------------------------------------------- case 8: scoring
-class ConstantPredictor(torch.nn.Module):
-    """Always predicts class 0."""
-
-    n_models, ape, device = 1, None, torch.device("cpu")
-
-    def forward(self, tokens):
-        logits = torch.zeros(1, *tokens.shape, 16)
-        logits[..., 0] = 1.0
-        return logits
+from test_transformer import ConstantPredictor  # noqa: E402  (one constant predictor for both files)
 
 
 def test_scoring_counts_exactly_the_defined_positions_and_never_padding():
