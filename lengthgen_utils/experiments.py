@@ -12,7 +12,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
 import torch
 
@@ -238,7 +238,7 @@ def cache_description(config, device=None) -> dict:
 # ---------------------------------------------------------------- one ensemble
 def _retrieval_head(exp, n_models: int, seeds, max_len: int, pe: str, attention: str) -> RetrievalHead:
     return RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, pe, attention, max_len=max_len,
-                         n_models=n_models, seeds=seeds, ape_init_std=getattr(exp, "ape_init_std", 0.02))
+                         n_models=n_models, seeds=seeds, ape_init_std=exp.ape_init_std)
 
 
 def build_model(exp: RetrievalExperiment) -> RetrievalHead:
@@ -326,6 +326,8 @@ class RetrievalSweep:
     eval_samples: int = 512
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     data_seed: int = 0
+    ape_init_std: float = 0.02
+    max_len: int | None = None  # rows of the APE table; None = the longest evaluation length
     min_train_len: int | None = None
 
     def __post_init__(self):
@@ -346,9 +348,11 @@ class RetrievalSweep:
                                                                         self.length_multiples, minimum=1))
         check_int("train_len", self.train_len, minimum=max(offsets) + 2)
         check_int("n_seeds", self.n_seeds, minimum=1)
-        _check_fields(self, _HEAD_SIZES, rates=("lr",), rates_or_zero=("weight_decay",))
+        _check_fields(self, _HEAD_SIZES, rates=("lr",), rates_or_zero=("weight_decay", "ape_init_std"))
         if self.min_train_len is not None:
             check_int("min_train_len", self.min_train_len, minimum=max(offsets) + 2, maximum=self.train_len)
+        if self.max_len is not None:
+            check_int("max_len", self.max_len, minimum=self.train_len)
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalSweep":
@@ -365,7 +369,14 @@ class RetrievalSweep:
 
     @property
     def eval_lengths(self) -> list[int]:
-        return [self.train_len * m for m in self.length_multiples]
+        """``train_len`` times each length multiple, up to the APE table size when ``max_len`` is set."""
+        lengths = [self.train_len * m for m in self.length_multiples]
+        return lengths if self.max_len is None else [L for L in lengths if L <= self.max_len]
+
+    @property
+    def table_len(self) -> int:
+        """Rows of the APE table: ``max_len`` when set, else the longest evaluation length."""
+        return self.max_len if self.max_len is not None else max(self.eval_lengths)
 
     @property
     def n_models(self) -> int:
@@ -389,7 +400,21 @@ class RetrievalSweep:
             fixed_length=self.fixed_length, d_model=self.d_model, d_head=self.d_head, lr=self.lr,
             weight_decay=self.weight_decay, n_seeds=self.n_seeds, steps=self.steps, batch_size=self.batch_size,
             eval_samples=self.eval_samples, length_multiples=self.length_multiples, data_seed=self.data_seed,
+            ape_init_std=self.ape_init_std, max_len=self.max_len,
             min_train_len=None if shortest == offset + 2 else shortest)
+
+    @classmethod
+    def of_experiment(cls, exp: RetrievalExperiment, offsets) -> "RetrievalSweep":
+        """The one-ensemble sweep that trains every field of ``exp`` except its offset, once per offset in ``offsets``.
+
+        Raises:
+            ValueError: ``exp.min_train_len`` is shorter than the largest offset allows
+                (``max(offsets) + 2``), since the offsets share one data stream.
+        """
+        offsets = check_int_sequence("offsets", offsets, minimum=1)
+        return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets,
+                   **{f.name: getattr(exp, f.name) for f in fields(cls)
+                      if f.name not in ("pes", "attentions", "offsets")})
 
 
 @dataclass
@@ -461,7 +486,7 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
             start = time.perf_counter()
 
             def compute():
-                model = _retrieval_head(sweep, sweep.n_models, seeds, max(lengths), pe, attention)
+                model = _retrieval_head(sweep, sweep.n_models, seeds, sweep.table_len, pe, attention)
                 history = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
                                 train_len=sweep.train_len, fixed_length=sweep.fixed_length,
                                 weight_decay=sweep.weight_decay, seed=sweep.data_seed, device=device,
@@ -470,7 +495,7 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
                 return _model_payload(model, history, lengths, acc)
 
             payload, status = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache, device=device)
-            model = _retrieval_head(sweep, sweep.n_models, seeds, max(lengths), pe, attention)
+            model = _retrieval_head(sweep, sweep.n_models, seeds, sweep.table_len, pe, attention)
             model.load_state_dict(payload["state_dict"])
             key = (pe, attention)
             out.models[key] = model.to(device).eval()
@@ -535,55 +560,27 @@ class OffsetSweepResult:
         return rows
 
 
-@dataclass(frozen=True)
-class OffsetSweepConfig:
-    """The cache key of :func:`run_offset_sweep`: the experiment, the offsets and the evaluation lengths."""
+def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), device=None, cache=True) -> OffsetSweepResult:
+    """Train ``exp.n_seeds`` seeds for each offset in one ensemble and evaluate at ``exp.eval_lengths``.
 
-    experiment: RetrievalExperiment
-    offsets: tuple[int, ...]
-    lengths: tuple[int, ...]
-
-
-def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), lengths=None, device=None,
-                     cache=True) -> OffsetSweepResult:
-    """Train ``exp.n_seeds`` seeds for each offset in one ensemble and evaluate at ``lengths``.
-
-    ``exp.offset`` is ignored (each model gets its own offset from ``offsets``);
-    every other field of ``exp`` applies. ``lengths`` defaults to ``exp.eval_lengths``.
-    Results go through the results cache (:func:`load_or_run`; ``cache`` as there).
+    The one-ensemble :class:`RetrievalSweep` of ``exp`` (:meth:`RetrievalSweep.of_experiment`) run by
+    :func:`run_sweep`, flattened to one model per row: ``exp.offset`` is ignored (each model gets its
+    own offset from ``offsets``); every other field of ``exp`` applies. Results go through the results
+    cache (``cache`` as in :func:`load_or_run`).
 
     Raises:
-        ValueError / TypeError: ``offsets`` empty, repeated, not ints, or outside ``[1, train_len - 2]``.
+        ValueError / TypeError: ``offsets`` empty, repeated, not ints, or too large for
+            ``exp.train_len`` (or ``exp.min_train_len``).
     """
-    offsets = check_int_sequence("offsets", offsets, minimum=1)
-    offsets = [check_int(f"offsets[{i}]", k, minimum=1, maximum=exp.train_len - 2) for i, k in enumerate(offsets)]
-    if len(set(offsets)) != len(offsets):
-        raise ValueError(f"offsets must be distinct; got {offsets}")
-    lengths = list(exp.eval_lengths if lengths is None else lengths)
-    device = torch.device(device) if device is not None else default_device()
-    per_model_offsets = [k for k in offsets for _ in range(exp.n_seeds)]
-    seeds = [s for _ in offsets for s in range(exp.n_seeds)]
-    tasks = [FixedOffsetRetrieval(exp.vocab_size, k) for k in per_model_offsets]
-
-    def build():
-        return RetrievalHead(exp.vocab_size, exp.d_model, exp.d_head, exp.pe, exp.attention,
-                             max_len=max(lengths), n_models=len(tasks), seeds=seeds)
-
-    def compute():
-        model = build()
-        history = train(model, tasks, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
-                        train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
-                        seed=exp.data_seed, device=device)
-        acc = accuracy_by_length(model, tasks, lengths, n_samples=exp.eval_samples)
-        return _model_payload(model, history, lengths, acc)
-
-    payload, _ = load_or_run(OffsetSweepConfig(exp, tuple(offsets), tuple(lengths)), compute, cache=cache,
-                             device=device)
-    model = build()
-    model.load_state_dict(payload["state_dict"])
-    model.to(device).eval()
-    return OffsetSweepResult(exp, model, per_model_offsets, seeds, payload["loss_history"], lengths,
-                             payload["accuracy"])
+    sweep = RetrievalSweep.of_experiment(exp, offsets)
+    result = run_sweep(sweep, device=device, cache=cache)
+    key = (exp.pe, exp.attention)
+    per_model_offsets = [k for k in sweep.offsets for _ in range(sweep.n_seeds)]
+    seeds = [s for _ in sweep.offsets for s in range(sweep.n_seeds)]
+    history = result.loss_history[key]
+    return OffsetSweepResult(exp, result.models[key], per_model_offsets, seeds,
+                             history.reshape(history.shape[0], -1), list(result.lengths),
+                             result.accuracy[key].reshape(sweep.n_models, -1))
 
 
 # --- linear-attention control and min-norm interpolant (chapter 6)

@@ -5,6 +5,7 @@ short; what is checked is the wiring (which traces, which lengths, which
 title), plus one fact about the trained heads that holds even at that size.
 """
 import base64
+from dataclasses import replace
 
 import numpy as np
 import plotly.graph_objects as go
@@ -12,7 +13,12 @@ import pytest
 import torch
 
 from lengthgen_utils import plots
-from lengthgen_utils.experiments import Profile, RetrievalExperiment, run_offset_sweep
+from lengthgen_utils.experiments import (
+    Profile,
+    RetrievalExperiment,
+    RetrievalSweep,
+    run_offset_sweep,
+)
 from lengthgen_utils.models import RetrievalHead
 from lengthgen_utils.tasks import FixedOffsetRetrieval
 from lengthgen_utils.training import train
@@ -155,6 +161,20 @@ def test_offset_sweep_is_one_ensemble_with_matching_seeds():
     # same seed, same initialisation: models 0 and 2 differ only through training on different offsets
     fresh = RetrievalHead(n_models=4, seeds=[0, 1, 0, 1], max_len=32)
     assert torch.equal(fresh.u[0], fresh.u[2]) and not torch.equal(r.model.u[0], r.model.u[2])
+
+
+def test_offset_sweep_carries_every_field_of_the_experiment():
+    # the APE init scale, the table size and the shortest training length all reach the trained ensemble
+    exp = RetrievalExperiment(pe="ape", n_seeds=2, steps=3, batch_size=8, eval_samples=8,
+                              length_multiples=(1, 2, 4), ape_init_std=0.5, max_len=40, min_train_len=10)
+    sweep = RetrievalSweep.of_experiment(exp, (1, 3))
+    assert sweep.experiment("ape", 3) == replace(exp, offset=3) and sweep.table_len == 40
+    r = run_offset_sweep(exp, offsets=(1, 3), cache=False)
+    assert r.lengths == [16, 32] and r.accuracy.shape == (4, 2)
+    table = r.model.ape.weight.detach()
+    assert table.shape[-2] == 40
+    unseen = table[..., 16:, :]  # rows no training sequence reaches keep their initialisation
+    assert 0.4 < float(unseen.std()) < 0.6, float(unseen.std())
 
 
 @pytest.mark.parametrize("offsets, error", [((), ValueError), ((1, 1), ValueError), ((0,), ValueError),
