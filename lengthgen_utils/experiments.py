@@ -609,34 +609,66 @@ class KernelResult:
     hessian_eigenvalues: torch.Tensor  # [d_head]
 
 
+@dataclass(frozen=True)
+class KernelHeadConfig:
+    """The cache key of :func:`run_kernel_head`: the experiment, the frequency set and the SGD settings."""
+
+    experiment: RetrievalExperiment
+    frequencies: tuple[float, ...] | None
+    lr_fraction: float
+    steps: int
+
+
 def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=None,
-                    lr_fraction: float = 0.5, steps: int | None = None) -> KernelResult:
+                    lr_fraction: float = 0.5, steps: int | None = None, device=None, cache=True) -> KernelResult:
     """Train the directly parameterised kernel head with SGD on the squared loss, and its closed forms.
 
     One model per data seed ``exp.data_seed + i`` (``i < exp.n_seeds``), each from ``c = 0``
-    (with ``c = 0`` every model of one data stream is the same, so seeds vary the data).
+    (with ``c = 0`` every model of one data stream is the same, so seeds vary the data). The
+    models train as one batched ensemble, model ``i`` on its own stream
+    (:func:`~lengthgen_utils.training.train_squared_loss` with one seed per model), through the
+    results cache (``cache`` as in :func:`load_or_run`).
     The step size is ``lr_fraction / lambda_max(H)`` (stable for ``lr_fraction < 1``).
+
+    Args:
+        exp: the experiment (its offset, lengths, vocabulary, ``d_head``, batch size, seeds, steps).
+        name: a label for the frequency set (figures and tables).
+        frequencies: ``theta [d_head // 2]`` in rad/token, or ``None`` for RoPE's.
+        lr_fraction: the step size as a fraction of ``1 / lambda_max`` of the expected-loss Hessian.
+        steps: SGD steps (default ``exp.steps``).
+        device: where to train (default :func:`~lengthgen_utils.training.default_device`).
+
+    Returns:
+        a :class:`KernelResult`.
     """
-    from .models import KernelHead
     from .evaluation import squared_error_by_length
+    from .models import KernelHead
     from .theory import (expected_squared_error, gradient_descent_kernel, kernel_frequencies, min_norm_interpolant,
                          rope_kernel_features, squared_loss_quadratic, training_offsets)
     from .training import train_squared_loss
 
     steps = exp.steps if steps is None else check_int("steps", steps, minimum=1)
+    lr_fraction = check_positive_float("lr_fraction", lr_fraction)
+    device = torch.device(device) if device is not None else default_device()
     theta = kernel_frequencies(exp.d_head, 10000.0, frequencies)
     h, b, _ = squared_loss_quadratic(exp.train_len, exp.offset, exp.vocab_size, exp.d_head, frequencies=theta)
     eig = torch.linalg.eigvalsh(h)
     lr = lr_fraction / float(eig.max())
     lengths = exp.eval_lengths
-    cs, hists, accs, errs = [], [], [], []
-    for i in range(exp.n_seeds):
-        model = KernelHead(exp.vocab_size, exp.d_head, frequencies=theta, seeds=[i])
-        hists.append(train_squared_loss(model, exp.task, steps=steps, batch_size=exp.batch_size, lr=lr,
-                                        train_len=exp.train_len, seed=exp.data_seed + i, device="cpu")[:, 0])
-        cs.append(model.c.detach().double()[0])
-        accs.append(accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)[0])
-        errs.append(squared_error_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)[0])
+
+    def compute():
+        model = KernelHead(exp.vocab_size, exp.d_head, frequencies=theta, n_models=exp.n_seeds)
+        history = train_squared_loss(model, exp.task, steps=steps, batch_size=exp.batch_size, lr=lr,
+                                     train_len=exp.train_len, device=device,
+                                     seed=[exp.data_seed + i for i in range(exp.n_seeds)])
+        model.cpu()
+        return {"c": model.c.detach().double(), "loss_history": history,
+                "accuracy": accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples),
+                "squared_error": squared_error_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)}
+
+    config = KernelHeadConfig(exp, None if frequencies is None else tuple(float(x) for x in theta.tolist()),
+                              lr_fraction, steps)
+    payload, _ = load_or_run(config, compute, cache=cache, device=device)
     c_gd = gradient_descent_kernel(h, b, lr, steps)
     c_star = min_norm_interpolant(training_offsets(exp.train_len, exp.offset), exp.offset, exp.d_head,
                                   frequencies=theta)
@@ -644,8 +676,8 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
         expected_squared_error(c_gd @ rope_kernel_features(torch.arange(L) - (L - 1), exp.d_head, frequencies=theta).T,
                                exp.offset, exp.vocab_size)
         for L in lengths])
-    return KernelResult(name, theta, lr, steps, torch.stack(cs), c_gd, c_star, torch.stack(hists, 1), lengths,
-                        torch.stack(accs), torch.stack(errs), predicted, eig)
+    return KernelResult(name, theta, lr, steps, payload["c"], c_gd, c_star, payload["loss_history"], lengths,
+                        payload["accuracy"], payload["squared_error"], predicted, eig)
 
 
 def factorized_kernel(model: RetrievalHead) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_fits, check_int, check_positive_float
+from ._validate import check_fits, check_int, check_int_sequence, check_positive_float
 
 
 def default_device() -> torch.device:
@@ -200,7 +200,7 @@ def ensemble_squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
 
 
 def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 0.05,
-                       train_len: int = 16, seed: int = 0, device=None) -> Tensor:
+                       train_len: int = 16, seed: int | Sequence[int] = 0, device=None) -> Tensor:
     """Train an ensemble with plain SGD on the squared loss (the min-norm setting of chapter 6).
 
     Same data stream as :func:`train` (one length per step, uniform in
@@ -209,34 +209,70 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
     weight decay: each update is a multiple of the loss gradient, so a model
     linear in its parameters never leaves the span of its gradients.
 
+    With one seed per model, model ``i`` draws its own stream (lengths and
+    tokens) from ``seed[i]``: exactly the stream it would see trained alone
+    with ``seed=seed[i]``, so an ensemble of data seeds trains in one batched
+    step. The sequences of one step then differ in length; each is left-padded
+    to the longest with the query token, whose value is zero in a
+    :class:`~lengthgen_utils.models.KernelHead`, so padding changes no output
+    and no gradient (the offsets ``D = j - (L-1)`` of the real tokens stay the same).
+
     Args:
         model: e.g. :class:`~lengthgen_utils.models.KernelHead`; its outputs ``[M, B, V]`` are compared
-            with one-hot targets.
-        task, steps, batch_size, train_len, seed, device: as in :func:`train`.
+            with one-hot targets. Per-model seeds need a ``KernelHead``.
+        task, steps, batch_size, train_len, device: as in :func:`train`.
+        seed: one int (every model sees the same stream), or one int per model.
         lr: SGD step size.
 
     Returns:
         loss history ``[steps, M]`` (float32, CPU).
+
+    Raises:
+        ValueError / TypeError: bad sizes, a seed list whose length is not ``M``, or per-model
+            seeds for a model other than a ``KernelHead``.
     """
+    from .models import KernelHead
+
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     lr = check_positive_float("lr", lr)
-    seed = check_int("seed", seed, minimum=0)
+    per_model = not isinstance(seed, int) or isinstance(seed, bool)
+    if per_model:
+        seeds = check_int_sequence("seed", seed, minimum=0)
+        if len(seeds) != model.n_models:
+            raise ValueError(f"seed must be one int or one per model (n_models={model.n_models}); "
+                             f"got {len(seeds)} seeds")
+        if not isinstance(model, KernelHead):
+            raise TypeError(f"per-model seeds need a KernelHead (its query token has value zero, so "
+                            f"left-padding is exact); got {type(model).__name__}")
+    else:
+        seeds = (check_int("seed", seed, minimum=0),)
     tasks = as_task_list(task, model.n_models)
+    if per_model and any(t != tasks[0] for t in tasks):
+        raise ValueError("per-model seeds need one task shared by all models")
     for t in tasks:
         check_fits("train_len", train_len, t.check_seq_len)
     min_len = max(t.min_seq_len for t in tasks)
     device = torch.device(device) if device is not None else default_device()
     model.to(device)
-    gen = torch.Generator().manual_seed(seed)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     history = torch.empty(steps, model.n_models, device=device)
     for step in range(steps):
-        seq_len = int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
-        tokens, _ = tasks[0].sample(batch_size, seq_len, gen)
-        tokens = tokens.to(device)
+        batches = []
+        for gen in gens:
+            seq_len = int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
+            batches.append(tasks[0].sample(batch_size, seq_len, gen)[0])
+        if per_model:
+            longest = max(b.shape[1] for b in batches)
+            targets = torch.stack([tasks[0].targets(b) for b in batches]).to(device)  # [M, B]
+            tokens = torch.stack([F.pad(b, (longest - b.shape[1], 0), value=tasks[0].query_token)
+                                  for b in batches]).to(device)  # [M, B, longest]
+        else:
+            tokens = batches[0].to(device)
+            targets = batch_targets(tasks, tokens)
         outputs, _ = model(tokens)
-        loss = ensemble_squared_error(outputs, batch_targets(tasks, tokens))
+        loss = ensemble_squared_error(outputs, targets)
         opt.zero_grad(set_to_none=True)
         loss.sum().backward()
         opt.step()

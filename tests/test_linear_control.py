@@ -92,6 +92,47 @@ def test_kernel_head_query_value_is_zero_and_gradient_stays_in_the_row_space():
     assert torch.equal(KernelHead(init_std=1.0)(tokens)[0], torch.zeros(1, 1, 16))
 
 
+def test_per_model_seeds_train_each_model_exactly_as_alone():
+    """One batched step for several data seeds: model i ends where it ends trained alone on seed[i]."""
+    seeds = [3, 4, 5]
+    together = KernelHead(n_models=3)
+    history = train_squared_loss(together, TASK, steps=25, batch_size=16, lr=0.01, seed=seeds, device="cpu")
+    assert history.shape == (25, 3)
+    for i, s in enumerate(seeds):
+        alone = KernelHead()
+        alone_history = train_squared_loss(alone, TASK, steps=25, batch_size=16, lr=0.01, seed=s, device="cpu")
+        torch.testing.assert_close(together.c[i], alone.c[0], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(history[:, i], alone_history[:, 0], rtol=1e-5, atol=1e-7)
+    # the streams differ: the models do not
+    assert not torch.allclose(together.c[0], together.c[1])
+
+
+@pytest.mark.parametrize("model, seed, error", [
+    (KernelHead(n_models=2), [0, 1, 2], ValueError),  # one seed per model, or one for all
+    (KernelHead(n_models=2), [0, -1], ValueError),
+    (KernelHead(n_models=2), [0, 1.5], TypeError),
+    (RetrievalHead(attention="linear", n_models=2), [0, 1], TypeError),  # padding is exact only for KernelHead
+])
+def test_per_model_seeds_reject_bad_input(model, seed, error):
+    with pytest.raises(error, match="seed|KernelHead"):
+        train_squared_loss(model, TASK, steps=1, batch_size=4, seed=seed, device="cpu")
+
+
+def test_kernel_head_run_is_cached(tmp_path):
+    from lengthgen_utils.experiments import RetrievalExperiment, run_kernel_head
+
+    exp = RetrievalExperiment(n_seeds=2, steps=20, batch_size=16, eval_samples=32, length_multiples=(1, 2))
+    first = run_kernel_head(exp, "spread", SPREAD_FREQUENCIES, cache=tmp_path, device="cpu")
+    assert len(list(tmp_path.rglob("*.pt"))) == 1
+    again = run_kernel_head(exp, "spread", SPREAD_FREQUENCIES, cache=tmp_path, device="cpu")
+    assert len(list(tmp_path.rglob("*.pt"))) == 1
+    assert torch.equal(first.c, again.c) and torch.equal(first.accuracy, again.accuracy)
+    assert first.c.shape == (2, 16) and first.loss_history.shape == (20, 2) and first.accuracy.shape == (2, 2)
+    # another frequency set is another entry
+    run_kernel_head(exp, "rope", None, cache=tmp_path, device="cpu")
+    assert len(list(tmp_path.rglob("*.pt"))) == 2
+
+
 def test_min_norm_interpolant_interpolates_and_is_shortest():
     c = th.min_norm_interpolant(T, 3, 16, frequencies=SPREAD_FREQUENCIES)
     phi = th.rope_kernel_features(T, 16, frequencies=SPREAD_FREQUENCIES)
