@@ -129,7 +129,7 @@ class RetrievalExperiment:
         if self.min_train_len is not None:
             check_int("min_train_len", self.min_train_len, minimum=self.offset + 2, maximum=self.train_len)
         if self.max_len is not None:
-            check_int("max_len", self.max_len, minimum=self.train_len)
+            check_int("max_len", self.max_len, minimum=self.train_len * min(self.length_multiples))
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalExperiment":
@@ -259,7 +259,8 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Retrieva
     """Build, train and evaluate the ensemble described by ``exp`` (or load it from the results cache).
 
     Seeds ``0 .. n_seeds-1`` initialise the models; ``exp.data_seed`` seeds the
-    training stream. The APE table is sized for the longest evaluation length.
+    training stream. The APE table has ``exp.max_len`` rows when set, else one per position up to
+    the longest evaluation length (see :func:`build_model`).
 
     Args:
         exp: the experiment.
@@ -352,7 +353,7 @@ class RetrievalSweep:
         if self.min_train_len is not None:
             check_int("min_train_len", self.min_train_len, minimum=max(offsets) + 2, maximum=self.train_len)
         if self.max_len is not None:
-            check_int("max_len", self.max_len, minimum=self.train_len)
+            check_int("max_len", self.max_len, minimum=self.train_len * min(self.length_multiples))
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalSweep":
@@ -408,13 +409,15 @@ class RetrievalSweep:
         """The one-ensemble sweep that trains every field of ``exp`` except its offset, once per offset in ``offsets``.
 
         Raises:
-            ValueError: ``exp.min_train_len`` is shorter than the largest offset allows
-                (``max(offsets) + 2``), since the offsets share one data stream.
+            ValueError / TypeError: ``offsets`` empty, repeated or not ints, or an offset too large for
+                the shortest training length (``exp.min_train_len``, else ``exp.train_len``) minus 2.
         """
         offsets = check_int_sequence("offsets", offsets, minimum=1)
-        return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets,
-                   **{f.name: getattr(exp, f.name) for f in fields(cls)
-                      if f.name not in ("pes", "attentions", "offsets")})
+        shortest = exp.min_train_len if exp.min_train_len is not None else exp.train_len
+        for i, k in enumerate(offsets):
+            check_int(f"offsets[{i}]", k, minimum=1, maximum=shortest - 2)
+        shared = {f.name: getattr(exp, f.name) for f in fields(exp) if f.name not in ("pe", "attention", "offset")}
+        return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets, **shared)
 
 
 @dataclass
@@ -640,6 +643,10 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
 
     Returns:
         a :class:`KernelResult`.
+
+    Raises:
+        ValueError: ``exp.fixed_length`` or ``exp.min_train_len`` is set (the closed forms assume
+            lengths uniform in ``[offset + 2, train_len]``); a bad ``steps`` or ``lr_fraction``.
     """
     from .evaluation import squared_error_by_length
     from .models import KernelHead
@@ -647,6 +654,9 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
                          rope_kernel_features, squared_loss_quadratic, training_offsets)
     from .training import train_squared_loss
 
+    if exp.fixed_length or exp.min_train_len is not None:
+        raise ValueError("run_kernel_head trains on lengths U{offset + 2 .. train_len} (the closed forms assume them); "
+                         f"got fixed_length={exp.fixed_length!r}, min_train_len={exp.min_train_len!r}")
     steps = exp.steps if steps is None else check_int("steps", steps, minimum=1)
     lr_fraction = check_positive_float("lr_fraction", lr_fraction)
     device = torch.device(device) if device is not None else default_device()

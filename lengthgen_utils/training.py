@@ -7,6 +7,7 @@ scale, no global gradient clipping).
 """
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -236,17 +237,20 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     lr = check_positive_float("lr", lr)
-    per_model = not isinstance(seed, int) or isinstance(seed, bool)
-    if per_model:
+    if isinstance(seed, numbers.Integral) or (isinstance(seed, Tensor) and seed.dim() == 0):
+        seeds = (check_int("seed", seed, minimum=0),)
+    else:
         seeds = check_int_sequence("seed", seed, minimum=0)
+    per_model = model.n_models > 1 and len(seeds) > 1  # one model with [s] is the same as seed=s
+    if per_model:
         if len(seeds) != model.n_models:
             raise ValueError(f"seed must be one int or one per model (n_models={model.n_models}); "
                              f"got {len(seeds)} seeds")
         if not isinstance(model, KernelHead):
             raise TypeError(f"per-model seeds need a KernelHead (its query token has value zero, so "
                             f"left-padding is exact); got {type(model).__name__}")
-    else:
-        seeds = (check_int("seed", seed, minimum=0),)
+    elif len(seeds) != 1:
+        raise ValueError(f"seed must be one int or one per model (n_models={model.n_models}); got {len(seeds)} seeds")
     tasks = as_task_list(task, model.n_models)
     if per_model and any(t != tasks[0] for t in tasks):
         raise ValueError("per-model seeds need one task shared by all models")

@@ -1,6 +1,7 @@
 """Tests of chapter 6: the linear-attention control, the direct kernel head and the min-norm interpolant."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -107,10 +108,29 @@ def test_per_model_seeds_train_each_model_exactly_as_alone():
     assert not torch.allclose(together.c[0], together.c[1])
 
 
+def test_one_seed_may_come_as_any_integer_or_a_list_of_one():
+    runs = []
+    for seed in (4, np.int64(4), [4]):
+        model = KernelHead()
+        runs.append(train_squared_loss(model, TASK, steps=3, batch_size=8, seed=seed, device="cpu"))
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    linear = RetrievalHead(attention="linear")
+    train_squared_loss(linear, TASK, steps=1, batch_size=4, seed=[4], device="cpu")  # one model: nothing to pad
+
+
+def test_kernel_head_run_rejects_settings_its_closed_forms_do_not_cover():
+    from lengthgen_utils.experiments import RetrievalExperiment, run_kernel_head
+
+    for override in ({"fixed_length": True}, {"min_train_len": 8}):
+        with pytest.raises(ValueError, match="fixed_length|min_train_len"):
+            run_kernel_head(RetrievalExperiment(n_seeds=1, steps=1, **override), cache=False)
+
+
 @pytest.mark.parametrize("model, seed, error", [
     (KernelHead(n_models=2), [0, 1, 2], ValueError),  # one seed per model, or one for all
     (KernelHead(n_models=2), [0, -1], ValueError),
     (KernelHead(n_models=2), [0, 1.5], TypeError),
+    (KernelHead(n_models=2), torch.tensor(3), TypeError),
     (RetrievalHead(attention="linear", n_models=2), [0, 1], TypeError),  # padding is exact only for KernelHead
 ])
 def test_per_model_seeds_reject_bad_input(model, seed, error):
@@ -118,13 +138,20 @@ def test_per_model_seeds_reject_bad_input(model, seed, error):
         train_squared_loss(model, TASK, steps=1, batch_size=4, seed=seed, device="cpu")
 
 
-def test_kernel_head_run_is_cached(tmp_path):
+def test_kernel_head_run_is_cached(tmp_path, monkeypatch):
+    from lengthgen_utils import training
     from lengthgen_utils.experiments import RetrievalExperiment, run_kernel_head
 
     exp = RetrievalExperiment(n_seeds=2, steps=20, batch_size=16, eval_samples=32, length_multiples=(1, 2))
     first = run_kernel_head(exp, "spread", SPREAD_FREQUENCIES, cache=tmp_path, device="cpu")
     assert len(list(tmp_path.rglob("*.pt"))) == 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached kernel head was trained again")
+
+    monkeypatch.setattr(training, "train_squared_loss", no_training)  # only a cache hit gets past this
     again = run_kernel_head(exp, "spread", SPREAD_FREQUENCIES, cache=tmp_path, device="cpu")
+    monkeypatch.undo()
     assert len(list(tmp_path.rglob("*.pt"))) == 1
     assert torch.equal(first.c, again.c) and torch.equal(first.accuracy, again.accuracy)
     assert first.c.shape == (2, 16) and first.loss_history.shape == (20, 2) and first.accuracy.shape == (2, 2)

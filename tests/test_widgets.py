@@ -180,8 +180,20 @@ def test_offset_sweep_carries_every_field_of_the_experiment():
 @pytest.mark.parametrize("offsets, error", [((), ValueError), ((1, 1), ValueError), ((0,), ValueError),
                                             ((15,), ValueError), ((1.0,), TypeError)])
 def test_offset_sweep_rejects_bad_offsets(offsets, error):
-    with pytest.raises(error):
+    with pytest.raises(error, match="offsets"):
         run_offset_sweep(RetrievalExperiment(n_seeds=1, steps=1), offsets=offsets)
+
+
+def test_offset_sweep_checks_offsets_against_the_shortest_training_length():
+    with pytest.raises(ValueError, match=r"offsets\[1\] must be .*8"):
+        run_offset_sweep(RetrievalExperiment(n_seeds=1, steps=1, min_train_len=10), offsets=(1, 9))
+
+
+@pytest.mark.parametrize("cls", [RetrievalExperiment, RetrievalSweep])
+def test_table_size_must_hold_an_evaluation_length(cls):
+    with pytest.raises(ValueError, match="max_len"):
+        cls(max_len=20, length_multiples=(2, 4))
+    assert cls(max_len=32, length_multiples=(2, 4)).eval_lengths == [32]
 
 
 def test_training_callback_sees_every_step():
