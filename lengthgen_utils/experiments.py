@@ -94,13 +94,27 @@ def get_profile(name: str | None = None) -> Profile:
 
 
 @dataclass(frozen=True)
-class RetrievalExperiment:
-    """One ensemble of single-head models trained on fixed-offset retrieval (DESIGN.md defaults)."""
+class SingleHeadSettings:
+    """What one single-head ensemble (:class:`RetrievalExperiment`) and a sweep of them
+    (:class:`RetrievalSweep`) share: task and model sizes, training and evaluation (DESIGN.md defaults).
 
-    pe: str = "rope"
-    attention: str = "softmax"
+    Fields:
+        vocab_size: V content tokens.
+        train_len: longest training length (tokens).
+        fixed_length: train at ``train_len`` only, instead of lengths uniform in ``[min_train_len, train_len]``.
+        d_model, d_head: model sizes.
+        lr, weight_decay: AdamW settings.
+        n_seeds: models per setting (initialisation seeds ``0 .. n_seeds-1``).
+        steps, batch_size: training steps and sequences per step.
+        eval_samples: fresh sequences per evaluation length.
+        length_multiples: evaluation lengths are ``train_len`` times each.
+        data_seed: seed of the training stream.
+        ape_init_std: std of the APE table's initialisation.
+        max_len: rows of the APE table; ``None`` = the longest evaluation length.
+        min_train_len: shortest training length; ``None`` = the (largest) offset + 2.
+    """
+
     vocab_size: int = 16
-    offset: int = 3
     train_len: int = 16
     fixed_length: bool = False
     d_model: int = 32
@@ -114,22 +128,46 @@ class RetrievalExperiment:
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     data_seed: int = 0
     ape_init_std: float = 0.02
-    max_len: int | None = None  # rows of the APE table; None = the longest evaluation length
-    min_train_len: int | None = None  # shortest training length; None: offset + 2
+    max_len: int | None = None
+    min_train_len: int | None = None
 
-    def __post_init__(self):
-        check_pe(self.pe)
-        check_attention(self.attention)
-        offset = check_int("offset", self.offset, minimum=1)
-        check_int("train_len", self.train_len, minimum=offset + 2)
+    def _check_settings(self, largest_offset: int) -> None:
+        """Raise ``ValueError``/``TypeError`` naming the first bad field (called by the subclasses' ``__post_init__``)."""
+        check_int("train_len", self.train_len, minimum=largest_offset + 2)
         check_int("n_seeds", self.n_seeds, minimum=1)
         _check_fields(self, _HEAD_SIZES, rates=("lr",), rates_or_zero=("weight_decay", "ape_init_std"))
         object.__setattr__(self, "length_multiples", check_int_sequence("length_multiples",
                                                                         self.length_multiples, minimum=1))
         if self.min_train_len is not None:
-            check_int("min_train_len", self.min_train_len, minimum=self.offset + 2, maximum=self.train_len)
+            check_int("min_train_len", self.min_train_len, minimum=largest_offset + 2, maximum=self.train_len)
         if self.max_len is not None:
             check_int("max_len", self.max_len, minimum=self.train_len * min(self.length_multiples))
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        """``train_len`` times each length multiple, up to the APE table size when ``max_len`` is set."""
+        lengths = [self.train_len * m for m in self.length_multiples]
+        return lengths if self.max_len is None else [L for L in lengths if L <= self.max_len]
+
+    @property
+    def table_len(self) -> int:
+        """Rows of the APE table: ``max_len`` when set, else the longest evaluation length."""
+        return self.max_len if self.max_len is not None else max(self.eval_lengths)
+
+
+@dataclass(frozen=True)
+class RetrievalExperiment(SingleHeadSettings):
+    """One ensemble of single-head models trained on fixed-offset retrieval: the shared
+    :class:`SingleHeadSettings` plus the position encoding, the attention type and the offset."""
+
+    pe: str = "rope"
+    attention: str = "softmax"
+    offset: int = 3
+
+    def __post_init__(self):
+        check_pe(self.pe)
+        check_attention(self.attention)
+        self._check_settings(check_int("offset", self.offset, minimum=1))
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalExperiment":
@@ -141,12 +179,6 @@ class RetrievalExperiment:
     @property
     def task(self) -> FixedOffsetRetrieval:
         return FixedOffsetRetrieval(self.vocab_size, self.offset)
-
-    @property
-    def eval_lengths(self) -> list[int]:
-        """``train_len`` times each length multiple, up to the APE table size when ``max_len`` is set."""
-        lengths = [self.train_len * m for m in self.length_multiples]
-        return lengths if self.max_len is None else [L for L in lengths if L <= self.max_len]
 
 
 @dataclass
@@ -246,8 +278,7 @@ def build_model(exp: RetrievalExperiment) -> RetrievalHead:
 
     The APE table has ``exp.max_len`` rows when set, else one per position up to the longest evaluation length.
     """
-    max_len = exp.max_len if exp.max_len is not None else max(exp.eval_lengths)
-    return _retrieval_head(exp, exp.n_seeds, None, max_len, exp.pe, exp.attention)
+    return _retrieval_head(exp, exp.n_seeds, None, exp.table_len, exp.pe, exp.attention)
 
 
 def _model_payload(model: RetrievalHead, history, lengths, accuracy) -> dict:
@@ -293,7 +324,7 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Retrieva
 
 # ---------------------------------------------------------------- sweeps: seeds x offsets x PE x attention
 @dataclass(frozen=True)
-class RetrievalSweep:
+class RetrievalSweep(SingleHeadSettings):
     """A sweep of single-head ensembles: every (PE, attention) pair is one batched ensemble of
     ``len(offsets) * n_seeds`` models that differ in offset and initialisation seed.
 
@@ -304,7 +335,7 @@ class RetrievalSweep:
     ``U{shortest_train_len .. train_len}`` with ``shortest_train_len = max(offsets) + 2``
     unless ``min_train_len`` says otherwise (the per-offset experiments record it).
 
-    Fields as in :class:`RetrievalExperiment`, plus ``pes``, ``attentions`` and ``offsets``.
+    The shared :class:`SingleHeadSettings`, plus ``pes``, ``attentions`` and ``offsets``.
 
     Raises:
         ValueError / TypeError: an unknown PE or attention, a duplicate or non-positive
@@ -314,22 +345,6 @@ class RetrievalSweep:
     pes: tuple[str, ...] = ("rope", "ape", "nope")
     attentions: tuple[str, ...] = ("softmax",)
     offsets: tuple[int, ...] = (1, 2, 3, 5)
-    vocab_size: int = 16
-    train_len: int = 16
-    fixed_length: bool = False
-    d_model: int = 32
-    d_head: int = 16
-    lr: float = 1e-2
-    weight_decay: float = 0.0
-    n_seeds: int = 5
-    steps: int = 500
-    batch_size: int = 256
-    eval_samples: int = 512
-    length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
-    data_seed: int = 0
-    ape_init_std: float = 0.02
-    max_len: int | None = None  # rows of the APE table; None = the longest evaluation length
-    min_train_len: int | None = None
 
     def __post_init__(self):
         for name in ("pes", "attentions"):
@@ -345,15 +360,7 @@ class RetrievalSweep:
         if len(set(offsets)) != len(offsets):
             raise ValueError(f"offsets must be distinct; got {offsets}")
         object.__setattr__(self, "offsets", offsets)
-        object.__setattr__(self, "length_multiples", check_int_sequence("length_multiples",
-                                                                        self.length_multiples, minimum=1))
-        check_int("train_len", self.train_len, minimum=max(offsets) + 2)
-        check_int("n_seeds", self.n_seeds, minimum=1)
-        _check_fields(self, _HEAD_SIZES, rates=("lr",), rates_or_zero=("weight_decay", "ape_init_std"))
-        if self.min_train_len is not None:
-            check_int("min_train_len", self.min_train_len, minimum=max(offsets) + 2, maximum=self.train_len)
-        if self.max_len is not None:
-            check_int("max_len", self.max_len, minimum=self.train_len * min(self.length_multiples))
+        self._check_settings(max(offsets))
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RetrievalSweep":
@@ -367,17 +374,6 @@ class RetrievalSweep:
     def shortest_train_len(self) -> int:
         """The shortest training length every model of the sweep sees."""
         return self.min_train_len if self.min_train_len is not None else max(self.offsets) + 2
-
-    @property
-    def eval_lengths(self) -> list[int]:
-        """``train_len`` times each length multiple, up to the APE table size when ``max_len`` is set."""
-        lengths = [self.train_len * m for m in self.length_multiples]
-        return lengths if self.max_len is None else [L for L in lengths if L <= self.max_len]
-
-    @property
-    def table_len(self) -> int:
-        """Rows of the APE table: ``max_len`` when set, else the longest evaluation length."""
-        return self.max_len if self.max_len is not None else max(self.eval_lengths)
 
     @property
     def n_models(self) -> int:
@@ -396,13 +392,9 @@ class RetrievalSweep:
         if offset not in self.offsets:
             raise ValueError(f"offset must be one of the sweep's offsets {self.offsets}; got {offset!r}")
         shortest = self.shortest_train_len
-        return RetrievalExperiment(
-            pe=pe, attention=attention, vocab_size=self.vocab_size, offset=offset, train_len=self.train_len,
-            fixed_length=self.fixed_length, d_model=self.d_model, d_head=self.d_head, lr=self.lr,
-            weight_decay=self.weight_decay, n_seeds=self.n_seeds, steps=self.steps, batch_size=self.batch_size,
-            eval_samples=self.eval_samples, length_multiples=self.length_multiples, data_seed=self.data_seed,
-            ape_init_std=self.ape_init_std, max_len=self.max_len,
-            min_train_len=None if shortest == offset + 2 else shortest)
+        shared = {f.name: getattr(self, f.name) for f in fields(SingleHeadSettings)}
+        shared["min_train_len"] = None if shortest == offset + 2 else shortest
+        return RetrievalExperiment(pe=pe, attention=attention, offset=offset, **shared)
 
     @classmethod
     def of_experiment(cls, exp: RetrievalExperiment, offsets) -> "RetrievalSweep":
@@ -416,7 +408,7 @@ class RetrievalSweep:
         shortest = exp.min_train_len if exp.min_train_len is not None else exp.train_len
         for i, k in enumerate(offsets):
             check_int(f"offsets[{i}]", k, minimum=1, maximum=shortest - 2)
-        shared = {f.name: getattr(exp, f.name) for f in fields(exp) if f.name not in ("pe", "attention", "offset")}
+        shared = {f.name: getattr(exp, f.name) for f in fields(SingleHeadSettings)}
         return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets, **shared)
 
 
