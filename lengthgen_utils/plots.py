@@ -439,7 +439,7 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
     fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log", tickvals=ticks,
                      ticktext=[str(t) for t in ticks],
                      range=[float(np.log10(ticks[0])) - 0.1, float(np.log10(ticks[-1])) + 0.1])
-    fig.update_yaxes(title=y_title, type="log")
+    fig.update_yaxes(title=y_title, type="log", dtick="D2")  # label 1, 2, 5 per decade: the default crowds 2..9
     return fig
 
 
