@@ -48,7 +48,7 @@ class Profile:
 
     Attributes:
         name: ``"quick"`` (CI: each chapter well under a minute on 2 CPU cores),
-            ``"default"`` (the web book: a few minutes per chapter at most) or
+            ``"default"`` (the web book: about 6 minutes for all chapters on 2 CPU cores) or
             ``"full"`` (paper-scale sweeps; GPU when present).
         n_seeds: models per ensemble (independent initialisations).
         steps: optimiser steps of the single-head model.
@@ -57,7 +57,9 @@ class Profile:
         length_multiples: evaluation lengths as multiples of the training length.
         offsets: the offsets k a sweep covers (:class:`RetrievalSweep`).
         attentions: the attention types a sweep covers (``"softmax"``, ``"linear"``).
-        transformer_seeds: seeds per setting of the multi-layer transformer (chapter 7).
+
+    The multi-layer transformer of chapters 7 and 8 has its own settings per profile
+    (``TRANSFORMER_PROFILES``).
     """
 
     name: str
@@ -68,7 +70,6 @@ class Profile:
     length_multiples: tuple[int, ...]
     offsets: tuple[int, ...] = (1, 2, 3, 5)
     attentions: tuple[str, ...] = ("softmax", "linear")
-    transformer_seeds: int = 5
 
 
 PROFILES = {

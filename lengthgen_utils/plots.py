@@ -12,6 +12,7 @@ copy of plotly.js that the build serves from its own ``_static`` folder
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -84,8 +85,16 @@ BELOW_CHANCE_TOL = 0.05  # a mean accuracy this far below chance is flagged as a
 
 
 def seed_note(title: str, n_seeds: int) -> str:
-    """``title`` with ``" (N seeds: fewer than 5)"`` appended when ``n_seeds < MIN_SEEDS``."""
-    return title if n_seeds >= MIN_SEEDS else f"{title} ({n_seeds} seed{'s' if n_seeds != 1 else ''}: fewer than {MIN_SEEDS})"
+    """``title`` noting ``"fewer than 5"`` seeds when ``n_seeds < MIN_SEEDS``.
+
+    A title that already says ``"N seeds"`` gets ``"N seeds (fewer than 5)"`` in place; any
+    other gets ``" (N seeds: fewer than 5)"`` appended.
+    """
+    if n_seeds >= MIN_SEEDS:
+        return title
+    said = f"{n_seeds} seed{'s' if n_seeds != 1 else ''}"
+    noted, count = re.subn(rf"(?<![\d.]){re.escape(said)}\b", f"{said} (fewer than {MIN_SEEDS})", title, count=1)
+    return noted if count else f"{title} ({said}: fewer than {MIN_SEEDS})"
 
 
 def flag_below_chance(fig: go.Figure, means: dict, chance: float, tol: float = BELOW_CHANCE_TOL) -> list[str]:

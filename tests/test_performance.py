@@ -108,7 +108,7 @@ def test_sweep_from_profile_and_its_experiments():
     assert sweep.experiment("ape", 1, "linear").min_train_len == 10
     with pytest.raises(ValueError, match="offset"):
         sweep.experiment("rope", 4)
-    assert PROFILES["full"].transformer_seeds >= 5
+    assert experiments.TRANSFORMER_PROFILES["full"]["n_seeds"] >= 5
 
 
 def test_subset_copies_members_in_order():

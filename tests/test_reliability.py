@@ -373,6 +373,8 @@ def test_profiles_use_at_least_five_seeds_or_the_figures_say_so():
     for name in ("quick", "default", "full"):
         assert experiments.get_profile(name).n_seeds >= 5
     assert plots.seed_note("t", 3) == "t (3 seeds: fewer than 5)" and plots.seed_note("t", 5) == "t"
+    assert plots.seed_note("copy, 3 seeds (mean)", 3) == "copy, 3 seeds (fewer than 5) (mean)"
+    assert plots.seed_note("copy, 13 seeds", 3) == "copy, 13 seeds (3 seeds: fewer than 5)"
 
 
 # ---------------------------------------------------------------- case 11: determinism
