@@ -210,8 +210,10 @@ def participation_ratio(weights: Tensor) -> Tensor:
 
 @torch.no_grad()
 def qk_effective_rank(model) -> Tensor:
-    """Participation ratio of the squared singular values of the bilinear form ``W_Q W_K^T``.
+    """Participation ratio of the squared singular values of the bilinear form ``W_Q^T W_K``.
 
+    In the book's notation (``W_Q``, ``W_K`` are ``[d_head, d_model]``; the code stores their
+    transposes ``w_q``, ``w_k`` as ``[M, d_model, d_head]``, so this is ``w_q @ w_k^T``):
     ``(sum sigma^2)^2 / sum sigma^4`` of the ``[d_model, d_model]`` matrix whose
     (rotated) form gives every logit. Note that with a constant query/key input
     ``u`` only the rank-one slice ``(u^T W_Q, u^T W_K)`` reaches the logits; this

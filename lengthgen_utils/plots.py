@@ -124,7 +124,8 @@ def flag_below_chance(fig: go.Figure, means: dict, chance: float, tol: float = B
 
 
 def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
-                       y_title: str = "accuracy at the query (fraction correct)") -> go.Figure:
+                       y_title: str = "accuracy at the query (fraction correct)", bands: bool = True,
+                       styles: dict | None = None) -> go.Figure:
     """Accuracy against evaluation length, mean over seeds with a min..max band.
 
     Args:
@@ -133,6 +134,9 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
         chance: chance accuracy, drawn as a dotted line.
         train_len: the longest training length, drawn as a vertical line.
         title: figure title (say what is shown and over how many seeds).
+        bands: draw the min..max band of each curve (turn off when curves overlap).
+        styles: optional ``{name: {"color": ..., "dash": ...}}`` overriding a curve's colour or line
+            dash (e.g. the same colour for two variants of one model, dashed for one of them).
 
     Returns:
         a plotly ``Figure`` whose x axis is ``log2(L)``, labeled in tokens and multiples of ``train_len``.
@@ -153,16 +157,18 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
         if acc.ndim != 2 or acc.shape[1] != len(lengths):
             raise ValueError(f"accuracy for {name!r} must be [n_seeds, {len(lengths)}]; got {acc.shape}")
         all_lengths.update(int(x) for x in lengths)
-        color = _color(name, i)
+        style = (styles or {}).get(name, {})
+        color = style.get("color", _color(name, i))
         lo, hi, mean = acc.min(0), acc.max(0), acc.mean(0)
         means[name] = mean
         n_seeds.append(acc.shape[0])
         x = np.log2(lengths)  # a linear axis over log2(L): shapes and hovers stay in plain units
-        fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
-                                 mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
-                                 hoverinfo="skip", showlegend=False, legendgroup=name))
+        if bands:
+            fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
+                                     mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
+                                     hoverinfo="skip", showlegend=False, legendgroup=name))
         fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name=f"{_label(name)} (mean of {acc.shape[0]})",
-                                 line=dict(color=color, width=3), legendgroup=name,
+                                 line=dict(color=color, width=3, dash=style.get("dash", "solid")), legendgroup=name,
                                  customdata=np.stack([lengths, lo, hi], -1),
                                  hovertemplate="L=%{customdata[0]:d}: mean %{y:.3f} "
                                                "(min %{customdata[1]:.3f}, max %{customdata[2]:.3f})"))
@@ -204,7 +210,7 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
         fig.add_trace(go.Scatter(x=steps, y=hist.mean(1), mode="lines", name=_label(name), line=dict(color=color)))
     fig.update_layout(title=title)
     fig.update_xaxes(title="optimizer step")
-    fig.update_yaxes(title="training cross-entropy (nats, log scale)", type="log")
+    fig.update_yaxes(title="training cross-entropy (nats, log scale)", type="log", exponentformat="power")
     return fig
 
 
@@ -303,26 +309,61 @@ def reconstruction_figure(ranks, explained: dict, title: str) -> go.Figure:
     return fig
 
 
-def alias_vs_failure(alias_distance, failure_length, labels, max_length: int, title: str) -> go.Figure:
+def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int, alias_search: int,
+                     title: str) -> go.Figure:
     """First aliasing distance of each model against the first length at which its accuracy drops.
+
+    Censored values get their own row and column, so that "not seen" is never drawn as a number:
+    a head that never failed up to ``longest_tested`` sits in the row "> longest_tested", and a head
+    with no aliasing key within ``alias_search`` in the column "none up to alias_search"; each of
+    the four cases has its own marker.
 
     Args:
         alias_distance: per model, the distance d of the first near-peak key beyond the window (None: none found).
         failure_length: per model, the first evaluated length with accuracy below threshold (None: never).
         labels: per model hover label.
-        max_length: points with ``None`` are drawn at this value (marked "none").
+        longest_tested: the longest evaluated length (tokens).
+        alias_search: the largest distance searched for an alias (tokens).
+
+    Raises:
+        ValueError: the three sequences differ in length, or a value lies beyond its search range.
     """
-    x = [a + 1 if a is not None else max_length for a in alias_distance]
-    y = [f if f is not None else max_length for f in failure_length]
+    n = len(labels)
+    if len(alias_distance) != n or len(failure_length) != n:
+        raise ValueError(f"alias_distance, failure_length and labels must have one entry per model; "
+                         f"got {len(alias_distance)}, {len(failure_length)}, {n}")
+    if any(a is not None and a > alias_search for a in alias_distance):
+        raise ValueError(f"alias_distance must be <= alias_search={alias_search} or None")
+    if any(f is not None and f > longest_tested for f in failure_length):
+        raise ValueError(f"failure_length must be <= longest_tested={longest_tested} or None")
+    x_none, y_none = 2 ** int(np.ceil(np.log2(alias_search + 1)) + 1), 2 * longest_tested
+    cases = {  # (alias found, failure seen): name, marker
+        (True, True): ("alias and failure both seen", "circle"),
+        (True, False): (f"no failure up to {longest_tested}", "triangle-up"),
+        (False, True): (f"no alias up to {alias_search}", "triangle-right"),
+        (False, False): ("neither", "diamond-open"),
+    }
     fig = go.Figure(layout=dict(title=title))
-    fig.add_trace(go.Scatter(x=x, y=y, mode="markers", marker=dict(size=11, color="#1f77b4", opacity=0.7),
-                             text=labels, name="one trained head",
-                             hovertemplate="%{text}<br>first length containing an alias: %{x}<br>first failing length: %{y}"))
-    fig.add_trace(go.Scatter(x=[16, max_length], y=[16, max_length], mode="lines", name="failure at the alias",
-                             line=dict(color="black", dash="dot")))
-    fig.update_layout(title=f"{title}<br><sup>{max_length} on an axis = none found</sup>")
-    fig.update_xaxes(title="first length with an aliasing key, d + 1 (tokens)", type="log")
-    fig.update_yaxes(title="first length with accuracy < 0.95 (tokens)", type="log")
+    for (has_alias, has_fail), (name, symbol) in cases.items():
+        rows = [i for i in range(n) if (alias_distance[i] is not None) == has_alias
+                and (failure_length[i] is not None) == has_fail]
+        if not rows:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[alias_distance[i] + 1 if has_alias else x_none for i in rows],
+            y=[failure_length[i] if has_fail else y_none for i in rows],
+            mode="markers", name=f"{name} ({len(rows)})", text=[labels[i] for i in rows],
+            marker=dict(size=11, symbol=symbol, color="#1f77b4", opacity=0.75, line=dict(width=1.5, color="#1f77b4")),
+            hovertemplate="%{text}<br>first length containing an alias: %{x}<br>first failing length: %{y}"))
+    fig.add_trace(go.Scatter(x=[16, longest_tested], y=[16, longest_tested], mode="lines",
+                             name="failure at the alias", line=dict(color="black", dash="dot")))
+    fig.update_layout(title=title, **_LEGEND_BELOW)
+    x_ticks = [2 ** e for e in range(4, int(np.log2(x_none)))] + [x_none]
+    y_ticks = [2 ** e for e in range(4, int(np.log2(longest_tested)) + 1)] + [y_none]
+    fig.update_xaxes(title="first length with an aliasing key, d + 1 (tokens)", type="log", tickvals=x_ticks,
+                     ticktext=[str(t) for t in x_ticks[:-1]] + [f"none up to {alias_search}"])
+    fig.update_yaxes(title="first length with accuracy < 0.95 (tokens)", type="log", tickvals=y_ticks,
+                     ticktext=[str(t) for t in y_ticks[:-1]] + [f"> {longest_tested}"])
     return fig
 
 

@@ -176,3 +176,22 @@ def test_slider_figures_have_one_frame_per_step():
     p = np.array([[0.9, 0.5], [0.99, 0.2]])
     fig = plots.dilution_slider([16, 32], p, ([16, 32], p), ([16, 32], p), ["a", "b"], "t")
     assert len(fig.frames) == 2 and fig.frames[1].layout.yaxis.range[1] > fig.frames[0].layout.yaxis.range[1]
+
+
+def test_alias_vs_failure_draws_censored_heads_apart():
+    """A head that never failed, or has no alias, is drawn in its own labelled row/column, never at a number."""
+    from lengthgen_utils import plots
+
+    alias, fail = [20, 600, None, None], [32, None, 256, None]
+    fig = plots.alias_vs_failure(alias, fail, ["a", "b", "c", "d"], longest_tested=1024, alias_search=4096, title="t")
+    by_name = {t.name.split(" (")[0]: t for t in fig.data if t.mode == "markers"}
+    assert set(by_name) == {"alias and failure both seen", "no failure up to 1024", "no alias up to 4096", "neither"}
+    top_row, right_column = max(fig.layout.yaxis.tickvals), max(fig.layout.xaxis.tickvals)
+    assert fig.layout.yaxis.ticktext[-1] == "> 1024" and top_row > 1024
+    assert fig.layout.xaxis.ticktext[-1] == "none up to 4096" and right_column > 4097
+    assert list(by_name["no failure up to 1024"].y) == [top_row] and list(by_name["no failure up to 1024"].x) == [601]
+    assert list(by_name["no alias up to 4096"].x) == [right_column] and list(by_name["no alias up to 4096"].y) == [256]
+    with pytest.raises(ValueError, match="one entry per model"):
+        plots.alias_vs_failure([1], [1, 2], ["a"], longest_tested=64, alias_search=256, title="t")
+    with pytest.raises(ValueError, match="failure_length"):
+        plots.alias_vs_failure([20], [2048], ["a"], longest_tested=1024, alias_search=4096, title="t")

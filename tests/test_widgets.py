@@ -204,3 +204,16 @@ def test_training_callback_sees_every_step():
     assert torch.equal(torch.stack([l for _, l in seen]), history)
     with pytest.raises(TypeError):
         train(model, FixedOffsetRetrieval(16, 2), steps=1, callback="print")
+
+
+def test_accuracy_vs_length_styles_and_bands():
+    """Overlapping variants can share a colour, differ in dash, and drop their bands."""
+    acc = np.full((5, 2), 0.5)
+    curves = {"a plain": ([16, 32], acc), "a scaled": ([16, 32], acc)}
+    fig = plots.accuracy_vs_length(curves, chance=0.1, train_len=16, title="t", bands=False,
+                                   styles={"a plain": dict(color="#123456"), "a scaled": dict(color="#123456", dash="dash")})
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [t.line.color for t in lines] == ["#123456", "#123456"] and [t.line.dash for t in lines] == ["solid", "dash"]
+    assert not any(t.fill == "toself" for t in fig.data)
+    with_bands = plots.accuracy_vs_length(curves, chance=0.1, train_len=16, title="t")
+    assert sum(t.fill == "toself" for t in with_bands.data) == 2
