@@ -336,7 +336,7 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
         raise ValueError(f"alias_distance must be <= alias_search={alias_search} or None")
     if any(f is not None and f > longest_tested for f in failure_length):
         raise ValueError(f"failure_length must be <= longest_tested={longest_tested} or None")
-    x_none, y_none = 2 ** int(np.ceil(np.log2(alias_search + 1)) + 1), 2 * longest_tested
+    x_none, y_none = 2 ** (int(np.ceil(np.log2(alias_search + 2))) + 1), 2 * longest_tested  # an octave clear of any alias
     cases = {  # (alias found, failure seen): name, marker
         (True, True): ("alias and failure both seen", "circle"),
         (True, False): (f"no failure up to {longest_tested}", "triangle-up"),
@@ -358,10 +358,10 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
     fig.add_trace(go.Scatter(x=[16, longest_tested], y=[16, longest_tested], mode="lines",
                              name="failure at the alias", line=dict(color="black", dash="dot")))
     fig.update_layout(title=title, **_LEGEND_BELOW)
-    x_ticks = [2 ** e for e in range(4, int(np.log2(x_none)))] + [x_none]
+    x_ticks = [4 ** e for e in range(2, int(np.log2(x_none)) // 2 + 1) if 4 ** e < x_none] + [x_none]
     y_ticks = [2 ** e for e in range(4, int(np.log2(longest_tested)) + 1)] + [y_none]
     fig.update_xaxes(title="first length with an aliasing key, d + 1 (tokens)", type="log", tickvals=x_ticks,
-                     ticktext=[str(t) for t in x_ticks[:-1]] + [f"none up to {alias_search}"])
+                     ticktext=[str(t) for t in x_ticks[:-1]] + [f"none ≤ {alias_search}"], tickangle=0)
     fig.update_yaxes(title="first length with accuracy < 0.95 (tokens)", type="log", tickvals=y_ticks,
                      ticktext=[str(t) for t in y_ticks[:-1]] + [f"> {longest_tested}"])
     return fig
