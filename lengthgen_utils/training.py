@@ -153,36 +153,32 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     if min_train_len is not None:
         min_len = check_int("min_train_len", min_train_len, minimum=min_len, maximum=train_len)
     device = torch.device(device) if device is not None else default_device()
-    if device.type == "cpu":
-        num_threads = default_cpu_threads() if num_threads is None else num_threads
-        with cpu_threads(num_threads):
-            return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
-                               seed, device, progress, min_len, callback)
-    return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
-                       seed, device, progress, min_len, callback)
+    threads = (default_cpu_threads() if num_threads is None else num_threads) if device.type == "cpu" else None
+    with cpu_threads(threads):
+        return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
+                           seed, device, progress, min_len, callback)
 
 
-def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay, seed, device,
-                progress, min_len, callback=None) -> Tensor:
-    """The loop of :func:`train`, on validated arguments. No host synchronisation inside the loop."""
-    model.to(device)
-    model.train()
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+def _run_steps(model, optimizer, batch_loss, steps: int, device, progress: bool, callback=None) -> Tensor:
+    """The optimisation loop every trainer shares, on validated arguments.
+
+    Each step calls ``batch_loss()`` (per-model losses ``[M]``), backpropagates their sum (so
+    the models stay independent), steps ``optimizer`` and records the losses; no host
+    synchronisation inside the loop. ``callback(step, losses)`` is called after each step.
+
+    Returns:
+        loss history ``[steps, M]`` (float32, CPU).
+    """
     history = torch.empty(steps, model.n_models, device=device)
     bar = None
-    if progress or (progress is None and steps >= 5000):
+    if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=steps, desc="training", leave=False)
     for step in range(steps):
-        seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
-        tokens, _ = tasks[0].sample(batch_size, seq_len, gen)
-        tokens = tokens.to(device, non_blocking=True)
-        logits, _ = model(tokens, validate=False)  # tokens come from the task: valid by construction
-        loss = ensemble_cross_entropy(logits, batch_targets(tasks, tokens))
-        opt.zero_grad(set_to_none=True)
+        loss = batch_loss()
+        optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()
-        opt.step()
+        optimizer.step()
         history[step] = loss.detach()
         if callback is not None:
             callback(step + 1, history[step])
@@ -190,8 +186,28 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
             bar.update(1)
     if bar is not None:
         bar.close()
-    model.eval()
     return history.float().cpu()
+
+
+def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay, seed, device,
+                progress, min_len, callback=None) -> Tensor:
+    """The loop of :func:`train`, on validated arguments."""
+    model.to(device)
+    model.train()
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def batch_loss():
+        seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
+        tokens, _ = tasks[0].sample(batch_size, seq_len, gen)
+        tokens = tokens.to(device, non_blocking=True)
+        logits, _ = model(tokens, validate=False)  # tokens come from the task: valid by construction
+        return ensemble_cross_entropy(logits, batch_targets(tasks, tokens))
+
+    history = _run_steps(model, opt, batch_loss, steps, device,
+                         progress=bool(progress or (progress is None and steps >= 5000)), callback=callback)
+    model.eval()
+    return history
 
 
 def ensemble_squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
@@ -261,8 +277,8 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
     model.to(device)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    history = torch.empty(steps, model.n_models, device=device)
-    for step in range(steps):
+
+    def batch_loss():
         batches = []
         for gen in gens:
             seq_len = int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
@@ -276,12 +292,9 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
             tokens = batches[0].to(device)
             targets = batch_targets(tasks, tokens)
         outputs, _ = model(tokens)
-        loss = ensemble_squared_error(outputs, targets)
-        opt.zero_grad(set_to_none=True)
-        loss.sum().backward()
-        opt.step()
-        history[step] = loss.detach()
-    return history.float().cpu()
+        return ensemble_squared_error(outputs, targets)
+
+    return _run_steps(model, opt, batch_loss, steps, device, progress=False)
 
 
 # --- full-sequence training (chapter 7)
@@ -349,21 +362,12 @@ def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train
     model.train()
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    history = torch.empty(steps, model.n_models, device=device)
-    bar = None
-    if progress or (progress is None and steps >= 1000):
-        from tqdm.auto import tqdm
-        bar = tqdm(total=steps, desc="training", leave=False)
-    for step in range(steps):
+
+    def batch_loss():
         tokens, targets = task.sample(batch_size, train_len, gen, device=device)
-        loss = sequence_cross_entropy(model(tokens), targets)
-        opt.zero_grad(set_to_none=True)
-        loss.sum().backward()
-        opt.step()
-        history[step] = loss.detach()
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        return sequence_cross_entropy(model(tokens), targets)
+
+    history = _run_steps(model, opt, batch_loss, steps, device,
+                         progress=bool(progress or (progress is None and steps >= 1000)))
     model.eval()
-    return history.float().cpu()
+    return history
