@@ -15,7 +15,8 @@ import time
 import torch
 
 from . import cache as _cache
-from .experiments import PROFILES, SUITES, RetrievalSweep, SweepResult, get_profile
+from .profiles import PROFILES, get_profile
+from .runners import SUITE_ENCODINGS, SUITES, SweepResult
 from .training import default_cpu_threads, default_device
 
 
@@ -28,7 +29,7 @@ def format_sweep_table(result: SweepResult) -> str:
              "-" * len(head)]
     for row in result.summary_rows():
         cells = " ".join(f"{mean:>6.3f} ({low:.2f})" for mean, low in zip(row["mean"], row["min"]))
-        lines.append(f"{row['pe']:<5} {row['attention']:<9} {row['offset']:>2} {cells}")
+        lines.append(f"{row['pe'].name:<5} {row['attention']:<9} {row['offset']:>2} {cells}")
     return "\n".join(lines)
 
 
@@ -36,11 +37,11 @@ def format_transformer_table(results: dict) -> str:
     """Token accuracy of the transformer suite: inside the training length, and beyond it at each length."""
     first = next(iter(results.values())).experiment
     longer = [L for L in first.eval_lengths if L > first.train_len]
-    lines = [f"delayed copy (k = {first.offsets[0]}), {first.n_seeds} seeds: mean token accuracy (min over seeds)",
+    lines = [f"{first.task!r}, {first.n_seeds} seeds: mean token accuracy (min over seeds)",
              f"{'pe':<5} {'t < ' + str(first.train_len):>14} " + " ".join(f"{'t >= ' + str(first.train_len) + ' @' + str(L):>16}" for L in longer)]
     for pe, r in results.items():
         cells = " ".join(f"{float(r.outside[L].mean()):>9.3f} ({float(r.outside[L].min()):.2f})" for L in longer)
-        lines.append(f"{pe:<5} {float(r.inside.mean()):>7.3f} ({float(r.inside.min()):.2f}) {cells}")
+        lines.append(f"{pe.name:<5} {float(r.inside.mean()):>7.3f} ({float(r.inside.min()):.2f}) {cells}")
     return "\n".join(lines)
 
 
@@ -60,13 +61,13 @@ def _run(args) -> int:
         print(f"\n[{name}]", flush=True)
         from tqdm.auto import tqdm
 
-        n = 3 if name == "transformer" else len(RetrievalSweep().pes) * len(profile.attentions)
+        n = len(SUITE_ENCODINGS) * (1 if name == "transformer" else len(profile.attentions))
         bar = tqdm(total=n, desc=f"{name} ensembles", unit="ensemble")
         timings = []
 
         def report(pe, attention, cache_status, seconds):
             timings.append((pe, attention, cache_status, seconds))
-            bar.set_postfix_str(f"{pe}/{attention}: {cache_status}, {seconds:.1f} s")
+            bar.set_postfix_str(f"{pe.name}/{attention}: {cache_status}, {seconds:.1f} s")
             bar.update(1)
 
         start = time.perf_counter()
@@ -78,7 +79,7 @@ def _run(args) -> int:
         else:
             print(format_sweep_table(result))
             print("\nensembles (models each = offsets x seeds = "
-                  f"{result.sweep.n_models}): " + "; ".join(f"{pe}/{att} {st} {s:.1f} s" for pe, att, st, s in timings))
+                  f"{result.sweep.n_models}): " + "; ".join(f"{pe.name}/{att} {st} {s:.1f} s" for pe, att, st, s in timings))
         print(f"[{name}] wall time {total:.1f} s", flush=True)
     return status
 

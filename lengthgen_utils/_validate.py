@@ -73,3 +73,47 @@ def check_fits(name: str, value, check) -> int:
         return check(value)
     except ValueError as err:
         raise ValueError(f"{name}={value} does not fit the task: {err}") from err
+
+
+def check_generator(generator) -> None:
+    """Raise ``TypeError`` unless ``generator`` is a ``torch.Generator`` or None."""
+    import torch
+
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+
+
+def per_model_ints(name: str, value, n_models: int, minimum: int | None = None,
+                   maximum: int | None = None) -> tuple[int, ...]:
+    """One int per model: ``value`` is one int (shared by all ``n_models``) or a sequence of exactly ``n_models``.
+
+    The one check behind every argument that takes a value per ensemble member (offsets, seeds):
+    the error names the argument, how many values it got and how many the ensemble has.
+
+    Raises:
+        TypeError: ``value`` is neither an int nor a sequence of ints (a 0-d or 1-d integer tensor counts).
+        ValueError: a sequence of the wrong length, or a value out of range.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool or value.dim() > 1:
+            raise TypeError(f"{name} must be an int or a sequence of ints; got a {value.dtype} tensor "
+                            f"of shape {tuple(value.shape)}")
+        value = value.tolist()
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return (check_int(name, value, minimum, maximum),) * n_models
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be an int or a sequence of {n_models} ints (one per model); "
+                        f"got {type(value).__name__} {value!r}")
+    values = tuple(value)
+    if len(values) != n_models:
+        raise ValueError(f"{name} must be one int or {n_models} ints (one per model); got {len(values)}")
+    return tuple(check_int(f"{name}[{i}]", v, minimum, maximum) for i, v in enumerate(values))
+
+
+def normalize_sequence(config, name: str, minimum: int | None = None) -> tuple[int, ...]:
+    """Store field ``name`` of a frozen config as a tuple of checked ints (a list is accepted) and return it."""
+    values = check_int_sequence(name, getattr(config, name), minimum=minimum)
+    object.__setattr__(config, name, values)
+    return values

@@ -33,7 +33,9 @@ import time
 
 import torch
 
-from .experiments import RetrievalSweep, get_profile, run_sweep
+from .configs import RetrievalSweep
+from .profiles import get_profile
+from .runners import run_sweep
 from .models import RetrievalHead
 from .tasks import FixedOffsetRetrieval
 from .training import default_device, train
@@ -95,7 +97,7 @@ def flops_per_model_step(train_len: int = 16, n_models: int = 32) -> float:
         with counter:
             logits, _ = model(tokens)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     targets.repeat(n_models))
+                                                     targets[:, -1].repeat(n_models))
             loss.backward()
         total += counter.get_total_flops()
     return total / len(lengths) / n_models

@@ -31,17 +31,21 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from . import __version__
 
 CACHE_ENV = "LENGTHGEN_CACHE"
 MAGIC = b"LENGTHGEN-CACHE 1\n"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = _PACKAGE_DIR.parent
 # Modules whose code cannot change a cached number (figures, widgets, command-line front ends).
-_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "__main__.py"}
+_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "__main__.py", "profiles.py"}
 
 
 class CorruptEntry(Exception):
@@ -229,3 +233,92 @@ def clear(folder=None, older_than_s: float = 0.0) -> int:
 def warn_corrupt(path: Path, reason: str) -> None:
     warnings.warn(f"results cache: entry {path.name} is unusable ({reason}); recomputing it", RuntimeWarning,
                   stacklevel=3)
+
+
+# ---------------------------------------------------------------- load or run
+def describe(obj):
+    """A JSON-able description of a configuration: dataclasses become ``{"class": name, field: ...}``, nested.
+
+    Class names are kept, so two configurations whose fields happen to agree (two tasks, two
+    encodings) never share a description.
+
+    Raises:
+        TypeError: a value JSON cannot represent (after tuples become lists).
+    """
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {"class": type(obj).__qualname__, **{f.name: describe(getattr(obj, f.name)) for f in fields(obj)}}
+    if isinstance(obj, (list, tuple)):
+        return [describe(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): describe(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"a configuration may hold dataclasses, numbers, strings, None, lists, tuples and dicts; "
+                    f"got {type(obj).__name__} {obj!r}")
+
+
+def cache_description(config, device=None) -> dict:
+    """What identifies a cached result: the configuration and what computed it (hashed into the key)."""
+    from .training import default_device
+
+    device = torch.device(device) if device is not None else default_device()
+    description = {"config": describe(config), "lengthgen_utils": __version__, "code": code_fingerprint(),
+                   "torch": torch.__version__, "device": device.type}
+    return json.loads(json.dumps(description, allow_nan=False))
+
+
+def load_or_run(config, compute: Callable[[], dict], cache=True, device=None) -> tuple[dict, str]:
+    """Load the result of ``config`` from the results cache, or compute and store it.
+
+    The key is a SHA-256 over :func:`cache_description`: the configuration (every field, nested,
+    with class names), ``lengthgen_utils.__version__``, a fingerprint of the package's computing
+    modules, the torch version and the device type, so an entry made by other
+    settings or other code is never used. Entries are written atomically and verified on reading;
+    a corrupt, truncated or foreign entry is reported with a ``RuntimeWarning`` and recomputed.
+
+    Args:
+        config: a frozen dataclass instance (e.g. :class:`~lengthgen_utils.configs.RetrievalExperiment`).
+        compute: called with no arguments on a miss; returns the payload, a dict of
+            tensors, state dicts, numbers, strings and lists (no models or other objects).
+        cache: ``True`` (the default folder: ``$LENGTHGEN_CACHE`` or ``<repo>/.cache/lengthgen``),
+            ``False`` (always compute, store nothing), or a folder path.
+        device: the device the computation runs on (its type is part of the key); default
+            :func:`~lengthgen_utils.training.default_device`.
+
+    Returns:
+        ``(payload, status)``: status is ``"hit"``, ``"miss"`` (computed and stored),
+        ``"recomputed"`` (an unusable entry was replaced) or ``"off"`` (cache disabled).
+
+    Raises:
+        TypeError: ``config`` is not a dataclass instance, or the payload holds an object
+            the cache cannot store safely.
+    """
+    if not is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"config must be a dataclass instance; got {type(config).__name__}")
+    folder = None if cache is False else cache_dir(None if cache is True or cache is None else os.fspath(cache))
+    if folder is None:
+        payload = compute()
+        check_payload(payload)
+        return payload, "off"
+    description = cache_description(config, device)
+    key = make_key(description)
+    status = "miss"
+    try:
+        payload = read_entry(folder, key, expect_meta={"description": description})
+    except CorruptEntry as e:
+        warn_corrupt(entry_path(folder, key), str(e))
+        status, payload = "recomputed", None
+        try:
+            entry_path(folder, key).unlink()
+        except OSError:
+            pass
+    if payload is not None:
+        return payload, "hit"
+    payload = compute()
+    meta = {"description": description, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        save_entry(folder, key, payload, meta)
+    except OSError as e:
+        warnings.warn(f"results cache: could not store the entry in {folder} ({e}); continuing without it",
+                      RuntimeWarning, stacklevel=2)
+    return payload, status

@@ -20,15 +20,10 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
-PE_COLORS = {
-    "rope": "#1f77b4",
-    "ape": "#d62728",
-    "nope": "#7f7f7f",
-    "linear": "#2ca02c",
-    "sinusoidal": "#9467bd",
-    "alibi": "#8c564b",
-}
-PE_LABELS = {"rope": "RoPE", "ape": "APE (learned)", "nope": "NoPE", "linear": "linear attention"}
+from .positional import ENCODINGS, Encoding, get_encoding
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf"]
 FIGURE_HEIGHT = 440
 
 BOOK_TEMPLATE = go.layout.Template(pio.templates["plotly_white"])
@@ -71,16 +66,26 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def _label(name: str) -> str:
-    return PE_LABELS.get(name, name)
+def _encoding(key) -> Encoding | None:
+    """The encoding a curve key stands for: an Encoding, or a registered encoding's name; else None."""
+    if isinstance(key, Encoding):
+        return key
+    return get_encoding(key) if isinstance(key, str) and key in ENCODINGS else None
 
 
-def _color(name: str, i: int) -> str:
-    palette = list(PE_COLORS.values())
-    return PE_COLORS.get(name.split()[0].lower(), palette[i % len(palette)])
+def _label(key) -> str:
+    """A curve's legend text: the encoding's label when the key is an encoding (or its name), else the key."""
+    encoding = _encoding(key)
+    return encoding.label if encoding is not None else str(key)
 
 
-MIN_SEEDS = 5  # fewer seeds than this are flagged in the figure title (STYLE.md: mean and spread over >= 5 seeds)
+def _color(key, i: int) -> str:
+    """A curve's colour: the encoding's own when the key is an encoding (or its name), else the i-th of the palette."""
+    encoding = _encoding(key)
+    return encoding.color if encoding is not None else PALETTE[i % len(PALETTE)]
+
+
+MIN_SEEDS = 5  # fewer seeds than this are flagged in the figure title (the book reports >= 5 seeds per point)
 BELOW_CHANCE_TOL = 0.05  # a mean accuracy this far below chance is flagged as a likely bug
 
 
@@ -166,9 +171,9 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
         if bands:
             fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
                                      mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
-                                     hoverinfo="skip", showlegend=False, legendgroup=name))
+                                     hoverinfo="skip", showlegend=False, legendgroup=_label(name)))
         fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name=f"{_label(name)} (mean of {acc.shape[0]})",
-                                 line=dict(color=color, width=3, dash=style.get("dash", "solid")), legendgroup=name,
+                                 line=dict(color=color, width=3, dash=style.get("dash", "solid")), legendgroup=_label(name),
                                  customdata=np.stack([lengths, lo, hi], -1),
                                  hovertemplate="L=%{customdata[0]:d}: mean %{y:.3f} "
                                                "(min %{customdata[1]:.3f}, max %{customdata[2]:.3f})"))
@@ -216,8 +221,7 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
 
 # --- carrier kernel (chapter 4) and dilution (chapter 5)
 
-SEED_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf"]
+SEED_COLORS = PALETTE
 
 
 def _slider(labels: list, prefix: str) -> dict:
@@ -438,9 +442,9 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
             fig.add_trace(go.Scatter(x=np.concatenate([offsets, offsets[::-1]]),
                                      y=np.concatenate([values.max(0), values.min(0)[::-1]]), mode="lines",
                                      fill="toself", fillcolor=_rgba(color, 0.2), line=dict(width=0),
-                                     hoverinfo="skip", showlegend=False, legendgroup=name))
+                                     hoverinfo="skip", showlegend=False, legendgroup=_label(name)))
         label = name if values.shape[0] == 1 else f"{name} (mean of {values.shape[0]})"
-        fig.add_trace(go.Scatter(x=offsets, y=values.mean(0), mode="lines", name=label, legendgroup=name,
+        fig.add_trace(go.Scatter(x=offsets, y=values.mean(0), mode="lines", name=label, legendgroup=_label(name),
                                  line=dict(color=color, width=2, dash="dash" if i % 2 else "solid")))
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=-0.5, fillcolor="gray", opacity=0.12, line_width=0,
                   annotation_text="trained offsets", annotation_position="top left")
@@ -751,7 +755,7 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
 
     Args:
         counts: ``[n_seeds, P]`` counts per position (e.g. from
-            :func:`lengthgen_utils.analysis.attention_argmax_histogram`).
+            :func:`lengthgen_utils.probes.attention_argmax_histogram`).
         train_len: longest training length; the training range is shaded.
         marker_position: a position to mark with a dashed line (e.g. ``L_train - 1 - k``), or None.
         title: figure title.
@@ -766,8 +770,7 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
     used = np.nonzero(counts.sum(0))[0]
     x_max = int(max(used.max() if used.size else 0, train_len)) + 2
     fig = go.Figure()
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf"]
+    palette = PALETTE
     for i, row in enumerate(counts):
         fig.add_trace(go.Bar(x=np.arange(x_max), y=row[:x_max], name=f"seed {i}", marker_color=palette[i % 10],
                              hovertemplate=f"seed {i}: " + "argmax at position %{x} for %{y} lengths<extra></extra>"))
@@ -801,8 +804,7 @@ def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, 
     """
     _check_panels(rows, "rows")
     lengths = sorted(rows)
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf"]
+    palette = PALETTE
 
     def traces(L):
         a = np.asarray(rows[L], dtype=float)

@@ -1,41 +1,52 @@
-"""Positional encodings: RoPE (half-split and interleaved), learned APE, NoPE.
+"""Position encodings as objects behind one interface, a registry, and RoPE's numerics.
 
-The book's convention is the **half-split** RoPE pairing (channel ``i`` is
-rotated together with channel ``i + d_head/2``, as in GPT-NeoX and Llama); the
-**interleaved** pairing (channels ``2i`` and ``2i+1``, as in the original
-RoFormer paper and ``rotary-embedding-torch``) is available through
-``interleaved=True``. The two give the same scores up to a fixed permutation
-of channels.
+An encoding can act in only four places, and :class:`Encoding` names them
+(the same split as TransformerLens's, where an encoding touches the embedding
+and the attention scores):
 
-Sources: Su et al. 2021, *RoFormer* (RoPE, eq. 13-15); Vaswani et al. 2017
-(sinusoidal and learned absolute positions); Kazemnejad et al. 2023 (NoPE).
+1. ``embed``: a vector added to the residual stream at each position (absolute encodings);
+2. ``rotate``: a position-dependent map of queries and keys (RoPE);
+3. ``score_bias``: a bias added to the attention logit of each (query, key) pair (ALiBi);
+4. ``train_positions``: the position indices used in training (randomised positions).
+
+plus what figures need: a ``label`` and a ``color``, and whether the logit is a
+function of the offset alone by construction (``relative``). Models, probes,
+plots and widgets ask the object; none of them compares names. Encodings are
+frozen dataclasses (hashable: they sit in experiment configurations and key
+the results cache); learned tables are created by ``init_parameters`` and
+live in the model, which hands them back to ``embed`` / ``score_bias``.
+
+**Adding an encoding** is one class in this module, decorated with
+:func:`register`; every model, probe and figure then accepts it by object or by
+name (:func:`get_encoding`).
+
+**Weights and conventions.** The book writes a query as ``q = W_Q x`` with
+``W_Q`` of shape ``[d_head, d_model]`` acting on a column vector; the package
+stores every weight the same way, ``[out, in]`` (as ``torch.nn.Linear`` does),
+with a leading ensemble dimension ``M``.
+
+**RoPE pairing.** The book's convention is the **half-split** pairing
+(channel ``i`` is rotated together with channel ``i + d_head/2``, as in GPT-NeoX
+and Llama); the **interleaved** pairing (channels ``2i`` and ``2i+1``, as in
+RoFormer and ``rotary-embedding-torch``) is ``RoPE(interleaved=True)``. The two
+give the same scores up to a fixed permutation of channels.
+
+Sources: Su et al. 2021, *RoFormer* (RoPE, eq. 13-15, 34); Vaswani et al. 2017 and
+Gehring et al. 2017 (learned absolute positions); Kazemnejad et al. 2023 (NoPE).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from functools import lru_cache
+from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._validate import check_int, check_positive_float, check_rope_base
 
-PE_NAMES = ("rope", "ape", "nope")
 
-
-def check_pe(pe: str) -> str:
-    """Return ``pe`` if it names a positional encoding of this package.
-
-    Raises:
-        TypeError: ``pe`` is not a string.
-        ValueError: ``pe`` is not one of :data:`PE_NAMES`.
-    """
-    if not isinstance(pe, str):
-        raise TypeError(f"pe must be a str, one of {PE_NAMES}; got {type(pe).__name__} {pe!r}")
-    if pe not in PE_NAMES:
-        raise ValueError(f"pe must be one of {PE_NAMES}; got {pe!r}")
-    return pe
-
-
+# ---------------------------------------------------------------- RoPE numerics
 def rope_inverse_frequencies(d_head: int, base: float = 10000.0) -> Tensor:
     """RoPE inverse frequencies ``theta_i = base ** (-2 i / d_head)``.
 
@@ -59,25 +70,44 @@ def rope_inverse_frequencies(d_head: int, base: float = 10000.0) -> Tensor:
     return base ** (-exponents)
 
 
-def rope_angles(positions: Tensor, d_head: int, base: float = 10000.0) -> Tensor:
-    """Rotation angles ``positions[..., None] * theta`` in float64.
+def rope_angles(positions: Tensor, d_head: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Rotation angles ``positions[..., None] * theta``, formed in ``dtype`` and returned in float64.
 
-    float64 keeps the angle at position 10^5 exact to ~1e-11 rad; float32
-    would be off by up to 4e-3 rad there (its spacing at 1e5 is 0.0078), which
-    moves logits by ~1e-4. Never form angles in float16/bfloat16: at position
-    1857 a float16 angle is off by about 0.7 rad.
+    float64 (the default, and what every model of the package uses) keeps the angle at
+    position 10^5 exact to ~1e-11 rad; float32 would be off by up to 4e-3 rad there (its
+    spacing at 1e5 is 0.0078), which moves logits by ~1e-4; at position 1857 a float16 angle is
+    off by about 0.7 rad. Lower precisions are for showing that failure (chapter 2).
 
     Args:
         positions: integer tensor of any shape ``[...]`` (token indices).
         d_head: even head dimension.
         base: RoPE base.
+        dtype: the floating dtype the product ``position * theta`` is formed in.
 
     Returns:
         float64 tensor ``[..., d_head // 2]`` of angles in radians.
+
+    Raises:
+        TypeError: non-integer positions or a non-floating ``dtype``.
+        ValueError: ``d_head``/``base`` out of range, or a position beyond ``dtype``'s largest finite value.
+    """
+    return angles_in_dtype(positions, rope_inverse_frequencies(d_head, base), dtype)
+
+
+def angles_in_dtype(positions: Tensor, theta: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``positions[..., None] * theta`` formed in ``dtype`` (positions and frequencies rounded to it), as float64.
+
+    Raises:
+        TypeError / ValueError: see :func:`rope_angles`.
     """
     _check_positions(positions)
-    theta = rope_inverse_frequencies(d_head, base).to(positions.device)
-    return positions.to(torch.float64)[..., None] * theta
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
+    if positions.numel() and int(positions.abs().max()) > torch.finfo(dtype).max:
+        raise ValueError(f"positions up to {int(positions.abs().max())} overflow {dtype} "
+                         f"(largest finite value {torch.finfo(dtype).max:g})")
+    theta = theta.to(positions.device)
+    return (positions.to(dtype)[..., None] * theta.to(dtype)).to(torch.float64)
 
 
 def _check_positions(positions: Tensor) -> None:
@@ -220,55 +250,325 @@ def rope_rotation_matrix(angles: Tensor, interleaved: bool = False) -> Tensor:
     return rotate_pairs(eye, angles.cos()[..., None, :], angles.sin()[..., None, :], interleaved).transpose(-1, -2)
 
 
-class LearnedAbsolutePE(nn.Module):
-    """A learned absolute position table ``p_t`` (one row per position).
+# ---------------------------------------------------------------- the offset kernel of a RoPE dot product
+def kernel_frequencies(d_head: int, base: float = 10000.0, frequencies=None) -> Tensor:
+    """The frequencies ``theta [d_head // 2]`` (float64, radians per token) of an offset kernel.
 
-    Rows are initialised explicitly from N(0, init_std^2). A row that no
-    training sequence reaches gets exactly zero gradient and keeps its
-    initial value (chapter 3).
-
-    Args:
-        max_len: number of rows (positions ``0 .. max_len-1``), >= 1.
-        d_model: width of each row, >= 1.
-        n_models: leading ensemble dimension, >= 1.
-        init_std: standard deviation of the initial rows, >= 0.
-        generators: optional list of ``n_models`` ``torch.Generator``s, one per model.
-
-    Shapes:
-        ``weight``: ``[n_models, max_len, d_model]``; ``forward(positions [L])``
-        returns ``[n_models, L, d_model]``.
+    RoPE's ``base ** (-2i / d_head)`` unless ``frequencies`` is given explicitly (a
+    non-RoPE, e.g. evenly spread, set for the well-conditioned variant of chapter 6).
 
     Raises:
-        ValueError: a size is out of range; ``forward`` is asked for a
-        position outside ``0 .. max_len-1`` (never clamped or wrapped).
+        ValueError: odd ``d_head``, ``base <= 1``, or ``frequencies`` not ``d_head // 2`` finite numbers.
+    """
+    theta = rope_inverse_frequencies(d_head, base)
+    if frequencies is None:
+        return theta
+    freq = torch.as_tensor(frequencies, dtype=torch.float64).flatten()
+    if freq.shape != theta.shape or not torch.isfinite(freq).all():
+        raise ValueError(f"frequencies must be d_head // 2 = {theta.numel()} finite numbers; got {frequencies!r}")
+    return freq
+
+
+def check_relative_positions(name: str, values) -> Tensor:
+    """Integer relative positions ``D`` (a list or an integer tensor) as a flat long tensor.
+
+    Raises:
+        TypeError: non-integers. ValueError: empty.
+    """
+    if isinstance(values, Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers; got dtype {values.dtype}")
+        out = values.to(torch.long).flatten()
+    else:
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"{name} must be a sequence of ints or an integer tensor; got {type(values).__name__}")
+        out = torch.tensor([check_int(f"{name}[{i}]", d) for i, d in enumerate(values)], dtype=torch.long)
+    if out.numel() == 0:
+        raise ValueError(f"{name} must not be empty")
+    return out
+
+
+def rope_kernel_features(relative_positions, d_head: int, base: float = 10000.0, frequencies=None) -> Tensor:
+    """The RoPE offset features ``Phi(D) = [cos(theta_i D)]_i ++ [sin(theta_i D)]_i``.
+
+    Args:
+        relative_positions: integers ``D = j - i`` (key minus query position), a list or an integer tensor ``[n]``.
+        d_head: even head dimension (``d_head // 2`` frequencies).
+        base: RoPE base.
+        frequencies: optional explicit ``theta [d_head // 2]`` replacing RoPE's (see :func:`kernel_frequencies`).
+
+    Returns:
+        float64 tensor ``[n, d_head]``: row ``D`` gives ``s(D) = Phi(D) . c``.
+
+    Raises:
+        TypeError / ValueError: non-integer or empty positions, odd ``d_head``, ``base <= 1``.
+
+    Source: Su et al. 2021 (RoFormer), eq. (34), written as a function of the offset (chapter 4).
+    """
+    rel = check_relative_positions("relative_positions", relative_positions)
+    theta = kernel_frequencies(d_head, base, frequencies)
+    angles = rel.to(torch.float64)[:, None] * theta
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def rope_kernel_coefficients(q: Tensor, k: Tensor, interleaved: bool = False) -> Tensor:
+    """Kernel coefficients ``c = (a, b)`` of an unrotated query/key pair: ``q^T R_D k = Phi(D) . c``.
+
+    For each RoPE channel pair ``(x1, x2)`` rotated by ``R(phi)``,
+    ``q^T R(phi) k = cos(phi) (q1 k1 + q2 k2) + sin(phi) (q2 k1 - q1 k2)``, so
+    ``a_i = q1 k1 + q2 k2`` and ``b_i = q2 k1 - q1 k2``.
+
+    Args:
+        q, k: ``[..., d_head]`` query and key *before* rotation (position 0).
+        interleaved: the channel pairing used by the model.
+
+    Returns:
+        ``[..., d_head]`` in the order of :func:`rope_kernel_features` (all ``a``, then all ``b``).
+        Divide by ``sqrt(d_head)`` for a head that scales its logits.
+
+    Raises:
+        TypeError / ValueError: non-float tensors, mismatched shapes or an odd last dimension.
+
+    Source: chapter 4, "The offset kernel" (the angle-addition formulas).
+    """
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor [..., d_head]; got {type(x).__name__}")
+    if q.shape != k.shape or q.shape[-1] % 2:
+        raise ValueError(f"q and k must have the same shape [..., d_head] with d_head even; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if interleaved:
+        q1, q2, k1, k2 = q[..., 0::2], q[..., 1::2], k[..., 0::2], k[..., 1::2]
+    else:
+        h = q.shape[-1] // 2
+        q1, q2, k1, k2 = q[..., :h], q[..., h:], k[..., :h], k[..., h:]
+    return torch.cat([q1 * k1 + q2 * k2, q2 * k1 - q1 * k2], dim=-1)
+
+
+# ---------------------------------------------------------------- encodings: the interface and the registry
+ENCODINGS: dict[str, type] = {}
+
+
+def register(cls):
+    """Class decorator: make an :class:`Encoding` subclass available by its ``name`` (see :func:`get_encoding`)."""
+    if not (isinstance(cls, type) and issubclass(cls, Encoding)) or not cls.name:
+        raise TypeError(f"register takes an Encoding subclass with a non-empty name; got {cls!r}")
+    if cls.name in ENCODINGS and ENCODINGS[cls.name] is not cls:
+        raise ValueError(f"an encoding named {cls.name!r} is already registered ({ENCODINGS[cls.name].__name__})")
+    ENCODINGS[cls.name] = cls
+    return cls
+
+
+def encoding_names() -> tuple[str, ...]:
+    """The registered encodings' names, in registration order."""
+    return tuple(ENCODINGS)
+
+
+def get_encoding(spec) -> "Encoding":
+    """The encoding ``spec`` names: an :class:`Encoding` instance is returned as is, a name gives its default.
+
+    Raises:
+        TypeError: ``spec`` is neither an ``Encoding`` nor a string.
+        ValueError: an unknown name; the message lists the registered ones.
+    """
+    if isinstance(spec, Encoding):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"pe must be an Encoding or one of the names {encoding_names()}; "
+                        f"got {type(spec).__name__} {spec!r}")
+    if spec not in ENCODINGS:
+        raise ValueError(f"pe={spec!r} is not a registered position encoding; the registered ones are "
+                         f"{encoding_names()}")
+    return ENCODINGS[spec]()
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """What a position encoding does, at the only places it can act (see the module docstring).
+
+    The defaults do nothing, which is NoPE: a subclass overrides the places where it acts.
+
+    Shapes (M = ensemble size, L = sequence length, H = heads):
+        * ``init_parameters(...)``: ``{name: tensor [M, ...]}``, the encoding's learned tables;
+        * ``embed(params, positions [L])``: ``[M, L, d_model]`` added to the residual stream, or None;
+        * ``rotate(x [..., L, d_head], positions [L])``: queries or keys, same shape;
+        * ``score_bias(params, q_positions [Lq], k_positions [Lk], n_heads)``: a tensor broadcastable to
+          ``[M, H, Lq, Lk]`` added to the (already scaled) attention logits, or None;
+        * ``train_positions(seq_len, generator)``: positions ``[L]`` to train a batch at, or None for ``0..L-1``.
+
+    Positions are integer tensors on the CPU (a few hundred entries: checks on them need no device
+    round trip). ``params`` is a mapping from the names ``init_parameters`` returned to the model's tensors.
+    """
+
+    name: ClassVar[str] = ""
+    color: ClassVar[str] = "#7f7f7f"
+    relative: ClassVar[bool] = False  # True: every logit depends on positions only through offsets, for any weights
+
+    @property
+    def label(self) -> str:
+        """How figures and tables name the encoding."""
+        return self.name
+
+    def check(self, d_head: int, n_heads: int) -> None:
+        """Raise ``ValueError`` if the encoding cannot act on heads of this size (e.g. odd ``d_head`` for RoPE)."""
+
+    def init_parameters(self, n_models: int, d_model: int, max_len: int, n_heads: int, generators) -> dict:
+        """Learned tables, one per model of the ensemble (drawn from ``generators[i]``); none by default."""
+        return {}
+
+    def check_positions(self, positions: Tensor, max_len: int) -> None:
+        """Raise ``ValueError`` if the encoding has nothing for some position (e.g. beyond an APE table)."""
+
+    def embed(self, params, positions: Tensor) -> Tensor | None:
+        return None
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x
+
+    def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor | None:
+        return None
+
+    def train_positions(self, seq_len: int, generator: torch.Generator) -> Tensor | None:
+        return None
+
+
+@register
+@dataclass(frozen=True)
+class NoPE(Encoding):
+    """No position signal: the causal mask is the only clue to order (Kazemnejad et al. 2023).
+
+    In the position-only retrieval head every key is the same vector, so every logit is equal.
+    """
+
+    name: ClassVar[str] = "nope"
+    color: ClassVar[str] = "#7f7f7f"
+    relative: ClassVar[bool] = True  # trivially: no logit depends on positions at all
+
+    @property
+    def label(self) -> str:
+        return "NoPE"
+
+
+@register
+@dataclass(frozen=True)
+class LearnedAPE(Encoding):
+    """A learned absolute position table ``p_t`` added to the residual stream (one row per position).
+
+    Rows are initialised explicitly from ``N(0, init_std^2)``, model ``i`` from ``generators[i]``.
+    A row that no training sequence reaches gets exactly zero gradient and keeps its initial
+    value (chapter 3). The table has ``max_len`` rows: asking for a position beyond it raises
+    ``ValueError`` (never clamped or wrapped).
+
+    Args:
+        init_std: standard deviation of the initial rows, >= 0.
+
+    Parameters: ``table [M, max_len, d_model]``.
 
     Source: Gehring et al. 2017; Vaswani et al. 2017 (learned variant); Devlin et al. 2019.
     """
 
-    def __init__(self, max_len: int, d_model: int, n_models: int = 1, init_std: float = 0.02, generators=None):
-        super().__init__()
-        self.max_len = check_int("max_len", max_len, minimum=1)
-        self.d_model = check_int("d_model", d_model, minimum=1)
-        n_models = check_int("n_models", n_models, minimum=1)
-        init_std = check_positive_float("init_std", init_std, allow_zero=True)
-        weight = torch.empty(n_models, max_len, d_model)
-        for i in range(n_models):
-            gen = generators[i] if generators is not None else None
-            weight[i].normal_(0.0, init_std, generator=gen)
-        self.weight = nn.Parameter(weight)
+    init_std: float = 0.02
+    name: ClassVar[str] = "ape"
+    color: ClassVar[str] = "#d62728"
 
-    def check_length(self, positions: Tensor) -> None:
-        """Raise ``ValueError`` if any position falls outside the table."""
+    def __post_init__(self):
+        check_positive_float("init_std", self.init_std, allow_zero=True)
+
+    @property
+    def label(self) -> str:
+        return "APE (learned)"
+
+    def init_parameters(self, n_models, d_model, max_len, n_heads, generators) -> dict:
+        table = torch.empty(n_models, max_len, d_model)
+        for i in range(n_models):
+            table[i].normal_(0.0, self.init_std, generator=generators[i] if generators is not None else None)
+        return {"table": table}
+
+    def check_positions(self, positions: Tensor, max_len: int) -> None:
         _check_positions(positions)
         if positions.numel() == 0:
             return
         lo, hi = int(positions.min()), int(positions.max())
-        if lo < 0 or hi >= self.max_len:
+        if lo < 0 or hi >= max_len:
             raise ValueError(
-                f"APE table has {self.max_len} rows (positions 0..{self.max_len - 1}); asked for positions "
-                f"{lo}..{hi} (sequence length {hi + 1}). Build the model with max_len >= {hi + 1}."
-            )
+                f"the APE table has {max_len} rows (positions 0..{max_len - 1}); asked for positions "
+                f"{lo}..{hi} (sequence length {hi + 1}). Build the model with max_len >= {hi + 1}.")
 
-    def forward(self, positions: Tensor) -> Tensor:
-        self.check_length(positions)
-        return self.weight[:, positions.to(self.weight.device)]
+    def embed(self, params, positions: Tensor) -> Tensor:
+        table = params["table"]
+        self.check_positions(positions, table.shape[1])
+        return table[:, positions.to(table.device)]
+
+
+@register
+@dataclass(frozen=True)
+class RoPE(Encoding):
+    """Rotary position embedding: queries and keys rotated pair by pair by ``t * theta_i``.
+
+    ``<R_m q, R_n k> = <q, R_{n-m} k>``, so every logit depends on the offset ``n - m``
+    alone, for any weights (chapter 2).
+
+    Args:
+        base: the RoPE base (10000 in RoFormer), > 1.
+        interleaved: channel pairing (see the module docstring).
+        angle_dtype: the dtype the angles ``t * theta_i`` are formed in: ``"float64"`` (exact, the
+            default) or a low precision (``"float32"``, ``"float16"``, ``"bfloat16"``) to show what
+            implementations that cache angles in the model's dtype compute (chapter 2).
+
+    Source: Su et al. 2021, RoFormer, eq. (34).
+    """
+
+    base: float = 10000.0
+    interleaved: bool = False
+    angle_dtype: str = "float64"
+    name: ClassVar[str] = "rope"
+    color: ClassVar[str] = "#1f77b4"
+    relative: ClassVar[bool] = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "base", check_rope_base("base", self.base))
+        if not isinstance(self.interleaved, bool):
+            raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
+        if self.angle_dtype not in ANGLE_DTYPES:
+            raise ValueError(f"angle_dtype must be one of {tuple(ANGLE_DTYPES)}; got {self.angle_dtype!r}")
+
+    @property
+    def label(self) -> str:
+        return "RoPE" if self.base == 10000.0 else f"RoPE (base {self.base:g})"
+
+    def check(self, d_head: int, n_heads: int) -> None:
+        if d_head % 2:
+            raise ValueError(f"d_head must be even for RoPE (channels are rotated in pairs); got d_head={d_head}")
+
+    def frequencies(self, d_head: int, seq_len: int) -> Tensor:
+        """``theta [d_head // 2]`` (float64, rad per position) used at sequence length ``seq_len``."""
+        return rope_inverse_frequencies(d_head, self.base)
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        d_head = x.shape[-1]
+        self.check(d_head, 1)
+        theta = self.frequencies(d_head, positions.shape[-1])
+        if self.angle_dtype == "float64" and type(self).frequencies is RoPE.frequencies and _is_range(positions):
+            # the same numbers as below, memoised per (length, first position): no per-step trigonometry
+            cos, sin = rope_cos_sin(positions.shape[-1], d_head, self.base, int(positions[0]), x.dtype, x.device)
+        else:
+            angles = angles_in_dtype(positions, theta, ANGLE_DTYPES[self.angle_dtype]).to(x.device)
+            cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return rotate_pairs(x, cos, sin, self.interleaved)
+
+
+ANGLE_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+                "bfloat16": torch.bfloat16}
+
+
+def _is_range(positions: Tensor) -> bool:
+    """True when ``positions`` is ``p, p+1, ..., p+L-1`` (the usual case, which ``rope_cos_sin`` memoises)."""
+    if positions.dim() != 1 or positions.numel() == 0:
+        return False
+    first = int(positions[0])
+    return bool(torch.equal(positions, torch.arange(first, first + positions.numel(), device=positions.device)))
+
+
+def encoding_fields(encoding: Encoding) -> dict:
+    """The dataclass fields of an encoding (its settings), e.g. for a table or a cache description."""
+    return {f.name: getattr(encoding, f.name) for f in fields(encoding)}

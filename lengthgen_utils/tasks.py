@@ -1,33 +1,157 @@
-"""Synthetic tasks. Each task samples ``(tokens, targets)`` from an explicit ``torch.Generator``.
+"""Synthetic tasks behind one protocol (:class:`Task`).
 
-The fixed-offset retrieval task is the book's reconstruction of the paper's
-"minimal fixed-offset retrieval task" (arXiv 2607.18759, abstract); the
-paper's exact setting is not available, see ``DESIGN.md``.
+A task says what a sequence holds and what is asked of the model at each
+position. Every task of the book answers the same questions, so training,
+evaluation and the figures read the protocol and never ask which task they
+hold:
+
+* ``vocab_size``: the classes a prediction ranges over (``V``); ``n_tokens``: the
+  input vocabulary (``V`` plus any special token such as the query ``[Q]``);
+* ``chance``: the accuracy of guessing;
+* ``min_seq_len`` and ``check_seq_len``: the shortest length with a scored position;
+* ``scored_positions(L)``: where a target is defined (elsewhere ``IGNORE_INDEX``);
+* ``targets(tokens)``: ``[..., B, L]`` targets, ``IGNORE_INDEX`` where none is defined;
+* ``sample(batch_size, seq_len, generator)``: tokens and targets from an explicit
+  ``torch.Generator``;
+* ``query_only``: only the last position (the query) is scored, the readout of the
+  single-head model of chapters 1-6.
+
+Adding a task is one class here that implements ``_targets_at`` (and, if its
+tokens are not i.i.d. uniform content, ``_sample_tokens``). The settings are the
+book's reconstruction of the paper's tasks (arXiv 2607.18759; only its abstract
+is available): chapter 1 (fixed-offset retrieval) and chapter 7 (full-sequence tasks).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from ._validate import check_int
+from ._validate import check_generator, check_int
+
+IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
 
 
-def _check_generator(generator) -> None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+class Task:
+    """The protocol every task follows (see the module docstring).
+
+    Subclasses are frozen dataclasses (hashable, so a task can sit in an experiment's
+    configuration and key the results cache). They define ``vocab_size`` and
+    ``_targets_at``; the rest has defaults here. A task with a special input token
+    (a query or a separator) sets ``n_special_tokens = 1``; that token's id is ``vocab_size``.
+    """
+
+    vocab_size: int
+    query_only: ClassVar[bool] = False
+    n_special_tokens: ClassVar[int] = 0
+
+    def __post_init__(self):
+        check_int("vocab_size", self.vocab_size, minimum=2)
+
+    @property
+    def n_tokens(self) -> int:
+        """Size of the input vocabulary: the content tokens plus any special token (query, separator)."""
+        return self.vocab_size + self.n_special_tokens
+
+    @property
+    def special_token(self) -> int:
+        """Id of the task's special input token (one past the content tokens).
+
+        Raises:
+            ValueError: the task has none.
+        """
+        if not self.n_special_tokens:
+            raise ValueError(f"{self!r} has no special token")
+        return self.vocab_size
+
+    @property
+    def chance(self) -> float:
+        """Accuracy of guessing uniformly: ``1 / vocab_size``."""
+        return 1.0 / self.vocab_size
+
+    @property
+    def min_seq_len(self) -> int:
+        """The shortest length that has at least one scored position."""
+        return 1
+
+    def check_seq_len(self, seq_len: int) -> int:
+        """Return ``seq_len`` if it is an int ``>= min_seq_len``; else raise ``ValueError``/``TypeError``."""
+        seq_len = check_int("seq_len", seq_len, minimum=1)
+        if seq_len < self.min_seq_len:
+            raise ValueError(f"seq_len must be >= {self.min_seq_len} for {self!r} so that some position is "
+                             f"scored; got seq_len={seq_len}")
+        return seq_len
+
+    def scored_positions(self, seq_len: int) -> Tensor:
+        """Boolean ``[L]``: True where the task defines a target."""
+        seq_len = self.check_seq_len(seq_len)
+        return self._scored(seq_len)
+
+    def _scored(self, seq_len: int) -> Tensor:
+        return torch.arange(seq_len) >= seq_len - self.n_scored(seq_len)
+
+    def n_scored(self, seq_len: int) -> int:
+        """Number of scored positions at length ``seq_len`` (the last ones, unless ``_scored`` says otherwise)."""
+        raise NotImplementedError
+
+    def targets(self, tokens: Tensor) -> Tensor:
+        """Targets ``[..., B, L]`` of token batches ``[..., B, L]``: ``IGNORE_INDEX`` where none is defined."""
+        if not isinstance(tokens, Tensor) or tokens.dtype != torch.long or tokens.dim() < 2:
+            raise TypeError(f"tokens must be a LongTensor [..., B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)}"
+                            f" {tuple(getattr(tokens, 'shape', ()))}")
+        self.check_seq_len(tokens.shape[-1])
+        return self._targets_at(tokens)
+
+    def _targets_at(self, tokens: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def sample_space_size(self, seq_len: int) -> int:
+        """Number of distinct sequences of length ``seq_len`` (small spaces can be memorised: report it)."""
+        return self.vocab_size ** self.check_seq_len(seq_len)
+
+    def _sample_tokens(self, batch_size: int, seq_len: int, generator) -> Tensor:
+        return torch.randint(0, self.vocab_size, (batch_size, seq_len), generator=generator)
+
+    def sample(self, batch_size: int, seq_len: int, generator: torch.Generator | None = None,
+               device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+        """Draw a batch.
+
+        Args:
+            batch_size: B >= 1.
+            seq_len: L >= ``min_seq_len``.
+            generator: the only source of randomness (a CPU ``torch.Generator``).
+            device: where the returned tensors live (sampled on the CPU, then moved, so results
+                do not depend on the device).
+
+        Returns:
+            ``tokens`` LongTensor ``[B, L]`` and ``targets`` LongTensor ``[B, L]``
+            (``IGNORE_INDEX`` at unscored positions).
+
+        Raises:
+            TypeError / ValueError: a size of the wrong type or out of range; a generator that is not one.
+        """
+        check_int("batch_size", batch_size, minimum=1)
+        seq_len = self.check_seq_len(seq_len)
+        check_generator(generator)
+        tokens = self._sample_tokens(batch_size, seq_len, generator).to(device)
+        return tokens, self._targets_at(tokens)
+
+
+def _ignored_like(tokens: Tensor) -> Tensor:
+    return torch.full_like(tokens, IGNORE_INDEX)
 
 
 @dataclass(frozen=True)
-class FixedOffsetRetrieval:
-    """Retrieve the token ``offset`` positions before a final query token.
+class FixedOffsetRetrieval(Task):
+    """Retrieve the token ``offset`` positions before a final query token (chapters 1-6).
 
     A sequence of length ``L`` is ``x_0 .. x_{L-2}`` drawn uniformly from the
     ``vocab_size`` content tokens ``0 .. vocab_size-1``, then the query token
-    ``[Q] = vocab_size`` at position ``L-1``. The target is
-    ``y = x_{L-1-offset}``, the token ``offset`` positions before the query.
-    Chance accuracy is ``1 / vocab_size``.
+    ``[Q] = vocab_size`` at position ``L-1``. The only target is at the query:
+    ``y = x_{L-1-offset}``, the token ``offset`` positions before it. Chance
+    accuracy is ``1 / vocab_size``.
 
     Args:
         vocab_size: number of content tokens V, >= 2.
@@ -36,100 +160,72 @@ class FixedOffsetRetrieval:
     Raises:
         TypeError / ValueError: ``vocab_size < 2`` or ``offset < 1``.
 
-    Source: DESIGN.md, "Fixed-offset retrieval" (our reconstruction of the paper's task).
+    Source: the paper's "minimal fixed-offset retrieval task" (arXiv 2607.18759, abstract),
+    in the book's reconstruction (chapter 1).
     """
 
     vocab_size: int = 16
     offset: int = 3
+    query_only: ClassVar[bool] = True
+    n_special_tokens: ClassVar[int] = 1
 
     def __post_init__(self):
-        check_int("vocab_size", self.vocab_size, minimum=2)
+        super().__post_init__()
         check_int("offset", self.offset, minimum=1)
 
     @property
     def query_token(self) -> int:
         """Id of the query token ``[Q]`` (one past the content tokens)."""
-        return self.vocab_size
-
-    @property
-    def n_tokens(self) -> int:
-        """Size of the input vocabulary: the content tokens plus ``[Q]``."""
-        return self.vocab_size + 1
-
-    @property
-    def chance(self) -> float:
-        """Accuracy of guessing: ``1 / vocab_size``."""
-        return 1.0 / self.vocab_size
+        return self.special_token
 
     @property
     def min_seq_len(self) -> int:
-        """Shortest valid length, ``offset + 2`` (the target is never position 0's only neighbour)."""
+        """Shortest valid length, ``offset + 2``: the target is a content token before the query."""
         return self.offset + 2
 
     def check_seq_len(self, seq_len: int) -> int:
         """Return ``seq_len`` if the offset fits: ``offset <= seq_len - 2``; else raise ``ValueError``."""
-        check_int("seq_len", seq_len, minimum=2)
+        seq_len = check_int("seq_len", seq_len, minimum=2)
         if self.offset > seq_len - 2:
             raise ValueError(
                 f"offset must be in [1, seq_len - 2] = [1, {seq_len - 2}] so the target is a content token "
-                f"before the query; got offset={self.offset} with seq_len={seq_len}"
-            )
+                f"before the query; got offset={self.offset} with seq_len={seq_len}")
         return seq_len
+
+    def n_scored(self, seq_len: int) -> int:
+        return 1
 
     def sample_space_size(self, seq_len: int) -> int:
         """Number of distinct sequences of length ``seq_len``: ``vocab_size ** (seq_len - 1)``."""
         return self.vocab_size ** (self.check_seq_len(seq_len) - 1)
 
-    def targets(self, tokens: Tensor) -> Tensor:
-        """Targets ``[B]`` of token batches ``[..., B, L]``: the token at position ``L - 1 - offset``."""
-        if not isinstance(tokens, Tensor) or tokens.dim() < 2:
-            raise TypeError("tokens must be an integer tensor [..., B, L]")
-        self.check_seq_len(tokens.shape[-1])
-        return tokens[..., tokens.shape[-1] - 1 - self.offset]
+    def _targets_at(self, tokens: Tensor) -> Tensor:
+        out = _ignored_like(tokens)
+        seq_len = tokens.shape[-1]
+        out[..., -1] = tokens[..., seq_len - 1 - self.offset]
+        return out
 
-    def sample(self, batch_size: int, seq_len: int, generator: torch.Generator | None = None,
-               device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-        """Draw a batch.
-
-        Args:
-            batch_size: B >= 1.
-            seq_len: L, with ``offset + 2 <= L``.
-            generator: the only source of randomness (a CPU ``torch.Generator``).
-            device: where the returned tensors live (sampled on CPU, then moved,
-                so results do not depend on the device).
-
-        Returns:
-            ``tokens`` LongTensor ``[B, L]`` (last column is ``query_token``) and
-            ``targets`` LongTensor ``[B]`` with ``targets == tokens[:, L-1-offset]``.
-        """
-        check_int("batch_size", batch_size, minimum=1)
-        self.check_seq_len(seq_len)
-        _check_generator(generator)
+    def _sample_tokens(self, batch_size, seq_len, generator) -> Tensor:
         tokens = torch.randint(0, self.vocab_size, (batch_size, seq_len), generator=generator)
         tokens[:, -1] = self.query_token
-        tokens = tokens.to(device)
-        return tokens, self.targets(tokens)
-
-
-# --- full-sequence tasks (chapters 7 and 8): a target at every position where one is defined
-IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
+        return tokens
 
 
 @dataclass(frozen=True)
-class DelayedCopy:
-    """Copy the token ``offset`` positions back, at every position: ``y_t = x_{t - offset}``.
+class DelayedCopy(Task):
+    """Copy the token ``offset`` positions back, at every position: ``y_t = x_{t - offset}`` (chapter 7).
 
     Tokens ``x_0 .. x_{L-1}`` are uniform over ``vocab_size`` symbols; positions
-    ``t < offset`` have no target (``IGNORE_INDEX``). Chance is ``1 / vocab_size``.
+    ``t < offset`` have no target. Chance is ``1 / vocab_size``.
 
-    Source: DESIGN.md, "Full-sequence task" (our reconstruction of C7's setting).
+    Source: the book's reconstruction of the paper's full-sequence setting (chapter 7).
     """
 
     vocab_size: int = 16
     offset: int = 5
 
     def __post_init__(self):
-        check_int("vocab_size", self.vocab_size, minimum=2)
+        super().__post_init__()
         check_int("offset", self.offset, minimum=1)
 
     @property
@@ -138,51 +234,23 @@ class DelayedCopy:
         return (self.offset,)
 
     @property
-    def chance(self) -> float:
-        return 1.0 / self.vocab_size
+    def min_seq_len(self) -> int:
+        return max(self.lags) + 1
 
-    @property
-    def first_target(self) -> int:
-        """The first position with a defined target."""
-        return max(self.lags)
+    def n_scored(self, seq_len: int) -> int:
+        return seq_len - max(self.lags)
 
-    def check_seq_len(self, seq_len: int) -> int:
-        """``seq_len`` must leave at least one scored position: ``seq_len > max(lags)``."""
-        check_int("seq_len", seq_len, minimum=1)
-        if seq_len <= self.first_target:
-            raise ValueError(f"seq_len must be > {self.first_target} (the largest lag) so that some position is "
-                             f"scored; got seq_len={seq_len}")
-        return seq_len
-
-    def sample_space_size(self, seq_len: int) -> int:
-        """Number of distinct sequences of length ``seq_len``: ``vocab_size ** seq_len`` (every token is free).
-
-        Small spaces can be memorised (e.g. 4 ** 5 = 1024 sequences): report it before calling accuracy generalization.
-        """
-        return self.vocab_size ** self.check_seq_len(seq_len)
-
-    def targets(self, tokens: Tensor) -> Tensor:
-        """Targets ``[B, L]`` (``IGNORE_INDEX`` where undefined) for ``tokens [B, L]``."""
-        self.check_seq_len(tokens.shape[-1])
-        out = torch.full_like(tokens, IGNORE_INDEX)
+    def _targets_at(self, tokens: Tensor) -> Tensor:
+        out = _ignored_like(tokens)
         out[..., self.offset:] = tokens[..., : tokens.shape[-1] - self.offset]
         return out
-
-    def sample(self, batch_size: int, seq_len: int, generator: torch.Generator | None = None,
-               device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-        """Draw ``tokens [B, L]`` and ``targets [B, L]`` (LongTensors)."""
-        check_int("batch_size", batch_size, minimum=1)
-        self.check_seq_len(seq_len)
-        _check_generator(generator)
-        tokens = torch.randint(0, self.vocab_size, (batch_size, seq_len), generator=generator).to(device)
-        return tokens, self.targets(tokens)
 
 
 @dataclass(frozen=True)
 class LaggedSum(DelayedCopy):
-    """``y_t = (x_{t - lag1} + x_{t - lag2}) mod vocab_size``: two fixed-offset retrievals and an addition.
+    """``y_t = (x_{t - offset} + x_{t - offset2}) mod vocab_size``: two fixed-offset retrievals and an addition.
 
-    Source: DESIGN.md, "Full-sequence task".
+    Source: the book's reconstruction of the paper's full-sequence setting (chapter 7).
     """
 
     offset: int = 2
@@ -198,105 +266,124 @@ class LaggedSum(DelayedCopy):
     def lags(self) -> tuple[int, ...]:
         return (self.offset, self.offset2)
 
-    def targets(self, tokens: Tensor) -> Tensor:
-        seq_len = self.check_seq_len(tokens.shape[-1])
-        out = torch.full_like(tokens, IGNORE_INDEX)
-        t0 = self.first_target
+    def _targets_at(self, tokens: Tensor) -> Tensor:
+        seq_len = tokens.shape[-1]
+        out = _ignored_like(tokens)
+        t0 = max(self.lags)
         out[..., t0:] = (tokens[..., t0 - self.offset: seq_len - self.offset]
                          + tokens[..., t0 - self.offset2: seq_len - self.offset2]) % self.vocab_size
         return out
 
 
 @dataclass(frozen=True)
-class RunningParity:
+class RunningParity(Task):
     """``y_t = (x_0 + ... + x_t) mod 2`` over bits: no fixed offset solves it at every length.
 
-    It has no short length-independent RASP-L program that attention alone
-    can express with fixed offsets (Zhou et al. 2024); chapter 8 contrasts
-    it with delayed copy. Chance is 1/2.
+    It has no short length-independent RASP-L program that attention alone can
+    express with fixed offsets (Zhou et al. 2024); chapter 8 contrasts it with
+    delayed copy. Chance is 1/2.
     """
 
     vocab_size: int = 2
 
     def __post_init__(self):
-        if check_int("vocab_size", self.vocab_size, minimum=2) != 2:
+        super().__post_init__()
+        if self.vocab_size != 2:
             raise ValueError(f"RunningParity is over bits: vocab_size must be 2; got {self.vocab_size}")
 
-    lags = ()
-    chance = 0.5
-    first_target = 0
+    def n_scored(self, seq_len: int) -> int:
+        return seq_len
 
-    def check_seq_len(self, seq_len: int) -> int:
-        return check_int("seq_len", seq_len, minimum=1)
-
-    def sample_space_size(self, seq_len: int) -> int:
-        """Number of distinct bit sequences of length ``seq_len``: ``2 ** seq_len``."""
-        return 2 ** self.check_seq_len(seq_len)
-
-    def targets(self, tokens: Tensor) -> Tensor:
-        self.check_seq_len(tokens.shape[-1])
+    def _targets_at(self, tokens: Tensor) -> Tensor:
         return tokens.cumsum(-1) % 2
-
-    def sample(self, batch_size: int, seq_len: int, generator: torch.Generator | None = None,
-               device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-        check_int("batch_size", batch_size, minimum=1)
-        self.check_seq_len(seq_len)
-        _check_generator(generator)
-        tokens = torch.randint(0, 2, (batch_size, seq_len), generator=generator).to(device)
-        return tokens, self.targets(tokens)
 
 
 @dataclass(frozen=True)
-class Copy:
+class Copy(Task):
     """Copy a sequence after a separator: ``x_0 .. x_{n-1} [S] x_0 .. x_{n-1}``, ``seq_len = 2n + 1``.
 
     Position ``n + j`` (the separator for ``j = 0``) predicts ``x_j``: the
     offset to read from is ``n``, which *grows with the length*. A variable-
     offset task, on which RoPE transformers are known not to length-generalize
-    (Kazemnejad et al. 2023). Positions ``< n`` are not scored.
+    (Kazemnejad et al. 2023). Positions ``< n`` and the last one are not scored.
     """
 
     vocab_size: int = 16
-
-    def __post_init__(self):
-        check_int("vocab_size", self.vocab_size, minimum=2)
+    n_special_tokens: ClassVar[int] = 1
 
     @property
     def separator(self) -> int:
-        return self.vocab_size
+        """Id of the separator token ``[S]``."""
+        return self.special_token
 
     @property
-    def n_tokens(self) -> int:
-        return self.vocab_size + 1
-
-    @property
-    def chance(self) -> float:
-        return 1.0 / self.vocab_size
+    def min_seq_len(self) -> int:
+        return 3
 
     def check_seq_len(self, seq_len: int) -> int:
-        check_int("seq_len", seq_len, minimum=3)
+        seq_len = check_int("seq_len", seq_len, minimum=3)
         if seq_len % 2 == 0:
             raise ValueError(f"seq_len must be odd (2n + 1: n tokens, the separator, n copies); got {seq_len}")
         return seq_len
+
+    def _scored(self, seq_len: int) -> Tensor:
+        n = (seq_len - 1) // 2
+        pos = torch.arange(seq_len)
+        return (pos >= n) & (pos < 2 * n)
 
     def sample_space_size(self, seq_len: int) -> int:
         """Number of distinct sequences of length ``2n + 1``: ``vocab_size ** n`` (the copy is determined)."""
         return self.vocab_size ** ((self.check_seq_len(seq_len) - 1) // 2)
 
-    def targets(self, tokens: Tensor) -> Tensor:
-        seq_len = self.check_seq_len(tokens.shape[-1])
-        n = (seq_len - 1) // 2
-        out = torch.full_like(tokens, IGNORE_INDEX)
+    def _targets_at(self, tokens: Tensor) -> Tensor:
+        n = (tokens.shape[-1] - 1) // 2
+        out = _ignored_like(tokens)
         out[..., n: 2 * n] = tokens[..., :n]
         return out
 
-    def sample(self, batch_size: int, seq_len: int, generator: torch.Generator | None = None,
-               device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-        check_int("batch_size", batch_size, minimum=1)
-        seq_len = self.check_seq_len(seq_len)
-        _check_generator(generator)
+    def _sample_tokens(self, batch_size, seq_len, generator) -> Tensor:
         n = (seq_len - 1) // 2
         content = torch.randint(0, self.vocab_size, (batch_size, n), generator=generator)
         sep = torch.full((batch_size, 1), self.separator, dtype=torch.long)
-        tokens = torch.cat([content, sep, content], 1).to(device)
-        return tokens, self.targets(tokens)
+        return torch.cat([content, sep, content], 1)
+
+
+# ---------------------------------------------------------------- ensembles: one task per model
+def as_task_list(task, n_models: int) -> list:
+    """Normalise ``task`` (one task, or one per model) to a list of ``n_models`` tasks sharing one vocabulary.
+
+    Raises:
+        TypeError: an entry does not follow the :class:`Task` protocol.
+        ValueError: a sequence whose length is not ``n_models``, or tasks that differ in
+            vocabulary or in their readout (``query_only``).
+    """
+    tasks = list(task) if isinstance(task, (list, tuple)) else [task] * n_models
+    for i, t in enumerate(tasks):
+        if not isinstance(t, Task):
+            raise TypeError(f"task[{i}] must be a Task (e.g. FixedOffsetRetrieval); got {type(t).__name__}")
+    if len(tasks) != n_models:
+        raise ValueError(f"task must be one task or a sequence of n_models={n_models} tasks; got {len(tasks)}")
+    for name in ("vocab_size", "n_tokens", "query_only"):
+        values = {getattr(t, name) for t in tasks}
+        if len(values) != 1:
+            raise ValueError(f"all tasks of one ensemble must share {name}; got {sorted(values)}")
+    return tasks
+
+
+def batch_targets(tasks: list, tokens: Tensor) -> Tensor:
+    """Targets ``[M, B, L]`` for an ensemble whose model ``i`` solves ``tasks[i]`` on the shared ``tokens [B, L]``."""
+    if all(t == tasks[0] for t in tasks):
+        return tasks[0].targets(tokens).expand(len(tasks), *tokens.shape)
+    return torch.stack([t.targets(tokens) for t in tasks])
+
+
+def query_targets(tasks: list, tokens: Tensor) -> Tensor:
+    """Targets ``[M, B]`` at the query (last) position, for query-only tasks (the single-head readout).
+
+    Raises:
+        ValueError: a task scores more than the last position.
+    """
+    if not tasks[0].query_only:
+        raise ValueError(f"the single-head readout needs a query-only task (one target, at the last position); "
+                         f"got {tasks[0]!r}")
+    return batch_targets(tasks, tokens)[..., -1]

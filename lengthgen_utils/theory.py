@@ -1,10 +1,13 @@
 """Closed forms the book tests against its trained models.
 
-Sources: DESIGN.md "Key identities" (our reconstruction of the paper's
-attention-dilution law, arXiv 2607.18759 abstract); log-length logit scaling
-as in Chiang & Cholak 2022 and scalable softmax (Nakanishi 2025); the
-minimum-norm interpolant of gradient descent (chapter 6). Each section
-belongs to one chapter and is self-contained.
+Kernels are ``[M, n]`` tensors in the row layout of :mod:`~lengthgen_utils.kernel`: column ``j``
+holds ``s(D = j - (n-1))``, the target ``D = -k`` is column ``n-1-k``, and the keys a query sees at
+length ``L`` are the last ``L`` columns.
+
+Sources: the paper's attention-dilution law (arXiv 2607.18759, abstract), in the book's
+reconstruction (chapter 5); log-length logit scaling as in Chiang & Cholak 2022 and scalable
+softmax (Nakanishi 2025); the minimum-norm interpolant of gradient descent (chapter 6). Each
+section belongs to one chapter and is self-contained.
 """
 from __future__ import annotations
 
@@ -13,18 +16,19 @@ import math
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence, check_positive_float
-from .positional import rope_inverse_frequencies
+from ._validate import check_int, check_int_sequence, check_positive_float, per_model_ints
+from .positional import check_relative_positions, rope_kernel_features
 
 # --- dilution (chapter 5)
 
 
 def _check_kernel(kernel) -> Tensor:
     if not isinstance(kernel, Tensor) or not kernel.dtype.is_floating_point:
-        raise TypeError(f"kernel must be a floating torch.Tensor [M, n_distances]; got {getattr(kernel, 'dtype', type(kernel).__name__)}")
+        raise TypeError(f"kernel must be a floating torch.Tensor [M, n] (row layout); "
+                        f"got {getattr(kernel, 'dtype', type(kernel).__name__)}")
     if kernel.dim() != 2:
-        raise ValueError(f"kernel must have shape [M, n_distances]; got {tuple(kernel.shape)}")
-    return kernel
+        raise ValueError(f"kernel must have shape [M, n] (row layout); got {tuple(kernel.shape)}")
+    return kernel.double()
 
 
 def exact_target_mass(kernel: Tensor, offset, lengths, logit_scale=None) -> Tensor:
@@ -34,8 +38,8 @@ def exact_target_mass(kernel: Tensor, offset, lengths, logit_scale=None) -> Tens
     RoPE head the logits depend on the offset only, so this is exact given ``s``.
 
     Args:
-        kernel: ``[M, n]`` logits by *distance*: column ``d`` holds ``s(D = -d)``, ``d = 0 .. n-1``.
-        offset: the target offset k (an int, or a sequence of M ints, one per model).
+        kernel: ``[M, n]`` logits in the row layout (column ``j`` holds ``s(D = j - (n-1))``).
+        offset: the target offset k (an int, or M ints, one per model).
         lengths: sequence lengths L, each with ``offset + 2 <= L <= n``.
         logit_scale: None (``c_L = 1``) or one positive factor per length (e.g. :func:`log_length_scale`).
 
@@ -45,22 +49,18 @@ def exact_target_mass(kernel: Tensor, offset, lengths, logit_scale=None) -> Tens
     Raises:
         ValueError / TypeError: bad shapes, a length longer than the kernel or too short for the offset.
     """
-    kernel = _check_kernel(kernel).double()
+    kernel = _check_kernel(kernel)
     m, n = kernel.shape
-    offsets = torch.tensor([check_int("offset", offset, minimum=1)] * m if isinstance(offset, int) and not isinstance(offset, bool)
-                           else list(check_int_sequence("offset", offset, minimum=1)))
-    if offsets.numel() != m:
-        raise ValueError(f"offset must be one int or {m} ints (one per model); got {offsets.numel()}")
+    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1))
     lengths = check_int_sequence("lengths", lengths, minimum=2)
     scales = [1.0] * len(lengths) if logit_scale is None else [check_positive_float("logit_scale", c) for c in logit_scale]
     if len(scales) != len(lengths):
         raise ValueError(f"logit_scale must have one entry per length ({len(lengths)}); got {len(scales)}")
     out = torch.empty(m, len(lengths), dtype=torch.float64)
     for col, (seq_len, c) in enumerate(zip(lengths, scales)):
-        if seq_len > n or seq_len < int(offsets.max()) + 2:
-            raise ValueError(f"lengths[{col}]={seq_len} must lie in [{int(offsets.max()) + 2}, {n}] (kernel has {n} distances)")
-        logits = c * kernel[:, :seq_len]
-        out[:, col] = logits.softmax(-1)[torch.arange(m), offsets]
+        if seq_len > n or seq_len < int(ks.max()) + 2:
+            raise ValueError(f"lengths[{col}]={seq_len} must lie in [{int(ks.max()) + 2}, {n}] (kernel has {n} columns)")
+        out[:, col] = (c * kernel[:, n - seq_len:]).softmax(-1)[torch.arange(m), seq_len - 1 - ks]
     return out
 
 
@@ -79,13 +79,14 @@ def mean_field_target_mass(lengths, margin, rho) -> Tensor:
     Returns:
         float64 ``[M, n]`` (or ``[1, n]`` for scalar parameters).
 
-    Source: DESIGN.md claim C5 (our reconstruction of the paper's dilution law).
+    Source: the abstract's attention-dilution law, in the book's reconstruction (chapter 5).
     """
     lengths = torch.tensor(check_int_sequence("lengths", lengths, minimum=2), dtype=torch.float64)
     margin = torch.as_tensor(margin, dtype=torch.float64).reshape(-1, 1)
     rho = torch.as_tensor(rho, dtype=torch.float64).reshape(-1, 1)
     if (rho <= 0).any() or not torch.isfinite(rho).all() or not torch.isfinite(margin).all():
-        raise ValueError(f"rho must be finite and > 0 and margin finite; got rho={rho.flatten().tolist()}, margin={margin.flatten().tolist()}")
+        raise ValueError(f"rho must be finite and > 0 and margin finite; got rho={rho.flatten().tolist()}, "
+                         f"margin={margin.flatten().tolist()}")
     return 1.0 / (1.0 + (lengths[None, :] - 2) * rho * torch.exp(-margin))
 
 
@@ -98,24 +99,24 @@ def mean_field_parameters(kernel: Tensor, offset, train_len: int) -> tuple[Tenso
     ``1/p - 1`` at ``L = train_len``: ``(train_len - 2) rho e^{-m} = sum_{d != k} e^{s(-d) - s(-k)}``.
 
     Args:
-        kernel: ``[M, n]`` logits by distance (see :func:`exact_target_mass`), ``n >= train_len``.
+        kernel: ``[M, n]`` logits in the row layout, ``n >= train_len``.
         offset: the target offset (int or M ints).
         train_len: the training length.
 
     Returns:
         ``(margin [M], rho [M])`` float64.
     """
-    kernel = _check_kernel(kernel).double()
+    kernel = _check_kernel(kernel)
     m, n = kernel.shape
     train_len = check_int("train_len", train_len, minimum=3, maximum=n)
-    offsets = [offset] * m if isinstance(offset, int) else list(offset)
+    ks = per_model_ints("offset", offset, m, minimum=1, maximum=train_len - 2)
     margins, rhos = torch.empty(m, dtype=torch.float64), torch.empty(m, dtype=torch.float64)
-    for i, k in enumerate(offsets):
-        k = check_int("offset", k, minimum=1, maximum=train_len - 2)
-        window = kernel[i, :train_len]
-        distractors = torch.cat([window[:k], window[k + 1:]])
+    for i, k in enumerate(ks):
+        window = kernel[i, n - train_len:]
+        target = train_len - 1 - k
+        distractors = torch.cat([window[:target], window[target + 1:]])
         top = distractors.max()
-        margins[i] = window[k] - top
+        margins[i] = window[target] - top
         rhos[i] = torch.exp(distractors - top).sum() / (train_len - 2)
     return margins, rhos
 
@@ -180,20 +181,18 @@ def distractor_ratio(kernel: Tensor, offset) -> Tensor:
     """``1/p(L) - 1 = sum_{d != k, d < L} exp(s(-d) - s(-k))`` for every length ``L = 1 .. n`` at once.
 
     Args:
-        kernel: ``[M, n]`` logits by distance (see :func:`exact_target_mass`).
+        kernel: ``[M, n]`` logits in the row layout.
         offset: the target offset k (int or M ints), ``k <= n - 2``.
 
     Returns:
         float64 ``[M, n]``; column ``L - 1`` is the ratio at length ``L`` (meaningful for ``L >= k + 2``).
     """
-    kernel = _check_kernel(kernel).double()
+    kernel = _check_kernel(kernel)
     m, n = kernel.shape
-    ks = [offset] * m if isinstance(offset, int) else list(offset)
-    if len(ks) != m:
-        raise ValueError(f"offset must be one int or {m} ints; got {len(ks)}")
-    ks = torch.tensor([check_int("offset", k, minimum=1, maximum=n - 2) for k in ks])
+    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=n - 2))
+    by_distance = kernel.flip(1)  # column d holds s(-d)
     rows = torch.arange(m)
-    weights = torch.exp(kernel - kernel[rows, ks][:, None])
+    weights = torch.exp(by_distance - by_distance[rows, ks][:, None])
     weights[rows, ks] = 0.0
     return weights.cumsum(1)
 
@@ -234,7 +233,7 @@ def linear_fit(x, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 #     s(D) = Phi(D) . c,   Phi(D) = [cos(theta_1 D) .. cos(theta_n D), sin(theta_1 D) .. sin(theta_n D)],
 #
 # with n = d_head/2 RoPE frequencies theta_i and c = (a, b) in R^{d_head}
-# (DESIGN.md, "Key identities"; channel order = the half-split RoPE pairing).
+# (chapter 4; channel order = the half-split RoPE pairing).
 # Fitting the retrieval task with one-hot values and a squared loss asks for
 # s = 1 at D = -k and s = 0 at every other trained offset: Phi_T c = e_k. The
 # features are linear in c, so every gradient lies in the row space of Phi_T;
@@ -243,93 +242,8 @@ def linear_fit(x, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 # 2020, "benign overfitting", for the general linear-regression statement).
 
 
-def _check_offsets(name: str, offsets) -> Tensor:
-    if isinstance(offsets, Tensor):
-        if offsets.dtype.is_floating_point or offsets.dtype.is_complex or offsets.dtype == torch.bool:
-            raise TypeError(f"{name} must hold integers; got dtype {offsets.dtype}")
-        offsets = offsets.to(torch.long).flatten()
-    else:
-        offsets = torch.tensor([check_int(f"{name}[{i}]", d) for i, d in enumerate(offsets)], dtype=torch.long)
-    if offsets.numel() == 0:
-        raise ValueError(f"{name} must not be empty")
-    return offsets
-
-
-def kernel_frequencies(d_head: int, base: float = 10000.0, frequencies=None) -> Tensor:
-    """The frequencies ``theta [d_head // 2]`` (float64, radians per token) of an offset kernel.
-
-    RoPE's ``base ** (-2i / d_head)`` unless ``frequencies`` is given explicitly (a
-    non-RoPE, e.g. evenly spread, set for the well-conditioned variant of chapter 6).
-
-    Raises:
-        ValueError: odd ``d_head``, ``base <= 1``, or ``frequencies`` not ``d_head // 2`` finite numbers.
-    """
-    theta = rope_inverse_frequencies(d_head, base)
-    if frequencies is None:
-        return theta
-    freq = torch.as_tensor(frequencies, dtype=torch.float64).flatten()
-    if freq.shape != theta.shape or not torch.isfinite(freq).all():
-        raise ValueError(f"frequencies must be d_head // 2 = {theta.numel()} finite numbers; got {frequencies!r}")
-    return freq
-
-
-def rope_kernel_features(offsets, d_head: int, base: float = 10000.0, frequencies=None) -> Tensor:
-    """The RoPE offset features ``Phi(D) = [cos(theta_i D)]_i ++ [sin(theta_i D)]_i``.
-
-    Args:
-        offsets: integer offsets D (key position minus query position), a list or an integer tensor ``[n]``.
-        d_head: even head dimension (``d_head // 2`` frequencies).
-        base: RoPE base.
-        frequencies: optional explicit ``theta [d_head // 2]`` replacing RoPE's (see :func:`kernel_frequencies`).
-
-    Returns:
-        float64 tensor ``[n, d_head]``: row ``D`` gives ``s(D) = Phi(D) . c``.
-
-    Raises:
-        TypeError / ValueError: non-integer or empty offsets, odd ``d_head``, ``base <= 1``.
-
-    Source: Su et al. 2021 (RoFormer), eq. (34), written as a function of the offset.
-    """
-    offsets = _check_offsets("offsets", offsets)
-    theta = kernel_frequencies(d_head, base, frequencies)
-    angles = offsets.to(torch.float64)[:, None] * theta
-    return torch.cat([angles.cos(), angles.sin()], dim=-1)
-
-
-def rope_kernel_coefficients(q: Tensor, k: Tensor, interleaved: bool = False) -> Tensor:
-    """Kernel coefficients ``c = (a, b)`` of an unrotated query/key pair: ``q^T R_D k = Phi(D) . c``.
-
-    For each RoPE channel pair ``(x1, x2)`` rotated by ``R(phi)``,
-    ``q^T R(phi) k = cos(phi) (q1 k1 + q2 k2) + sin(phi) (q2 k1 - q1 k2)``, so
-    ``a_i = q1 k1 + q2 k2`` and ``b_i = q2 k1 - q1 k2``.
-
-    Args:
-        q, k: ``[..., d_head]`` query and key *before* rotation (position 0).
-        interleaved: the channel pairing used by the model.
-
-    Returns:
-        ``[..., d_head]`` in the order of :func:`rope_kernel_features` (all ``a``, then all ``b``).
-        Divide by ``sqrt(d_head)`` for a head that scales its logits.
-
-    Raises:
-        TypeError / ValueError: non-float tensors, mismatched shapes or an odd last dimension.
-    """
-    for name, x in (("q", q), ("k", k)):
-        if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
-            raise TypeError(f"{name} must be a floating-point tensor [..., d_head]; got {type(x).__name__}")
-    if q.shape != k.shape or q.shape[-1] % 2:
-        raise ValueError(f"q and k must have the same shape [..., d_head] with d_head even; "
-                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if interleaved:
-        q1, q2, k1, k2 = q[..., 0::2], q[..., 1::2], k[..., 0::2], k[..., 1::2]
-    else:
-        h = q.shape[-1] // 2
-        q1, q2, k1, k2 = q[..., :h], q[..., h:], k[..., :h], k[..., h:]
-    return torch.cat([q1 * k1 + q2 * k2, q2 * k1 - q1 * k2], dim=-1)
-
-
-def training_offsets(train_len: int, offset: int) -> Tensor:
-    """The offsets T that carry a loss in training at lengths up to ``train_len``: ``-(train_len-1) .. -1``.
+def trained_relative_positions(train_len: int, offset: int) -> Tensor:
+    """The relative positions T that carry a loss in training at lengths up to ``train_len``: ``-(train_len-1) .. -1``.
 
     The query itself (D = 0) is excluded: its value (the query token) is not a
     content token, so its weight never enters the readout.
@@ -342,13 +256,14 @@ def training_offsets(train_len: int, offset: int) -> Tensor:
     return torch.arange(-(train_len - 1), 0)
 
 
-def min_norm_interpolant(train_offsets, target_offset: int, d_head: int, base: float = 10000.0,
+def min_norm_interpolant(trained, offset: int, d_head: int, base: float = 10000.0,
                          rcond: float = 1e-15, frequencies=None) -> Tensor:
     """The minimum-norm kernel ``c* = pinv(Phi_T) e_k`` with ``s(-k) = 1`` and ``s(D) = 0`` on the rest of T.
 
     Args:
-        train_offsets: the trained offsets T (integers, e.g. :func:`training_offsets`); must contain ``-target_offset``.
-        target_offset: k >= 1; the kernel should select ``D = -k``.
+        trained: the trained relative positions T (integers, e.g. :func:`trained_relative_positions`);
+            must contain ``-offset``.
+        offset: the task's offset k >= 1; the kernel should select ``D = -k``.
         d_head: even head dimension; ``c*`` has ``d_head`` entries.
         base: RoPE base.
         rcond: singular values below ``rcond * sigma_max`` are treated as zero (as in ``numpy.linalg.pinv``);
@@ -359,18 +274,18 @@ def min_norm_interpolant(train_offsets, target_offset: int, d_head: int, base: f
         float64 ``[d_head]``: the minimum-norm (least-squares, if no exact solution exists) ``c``.
 
     Raises:
-        ValueError: ``-target_offset`` not in ``train_offsets``, or a bad size/base.
+        ValueError: ``-offset`` not in ``trained``, or a bad size/base.
 
     Source: the pseudo-inverse solution of an underdetermined linear system (Penrose 1955);
     its selection by gradient descent from zero, e.g. Gunasekar et al. 2018.
     """
-    offsets = _check_offsets("train_offsets", train_offsets)
-    target_offset = check_int("target_offset", target_offset, minimum=1)
+    rel = check_relative_positions("trained", trained)
+    offset = check_int("offset", offset, minimum=1)
     rcond = check_positive_float("rcond", rcond)
-    if not (offsets == -target_offset).any():
-        raise ValueError(f"train_offsets must contain -target_offset = {-target_offset}; got {offsets.tolist()}")
-    phi = rope_kernel_features(offsets, d_head, base, frequencies)
-    target = (offsets == -target_offset).to(torch.float64)
+    if not (rel == -offset).any():
+        raise ValueError(f"trained must contain -offset = {-offset}; got {rel.tolist()}")
+    phi = rope_kernel_features(rel, d_head, base, frequencies)
+    target = (rel == -offset).to(torch.float64)
     return torch.linalg.pinv(phi, rtol=rcond) @ target
 
 
@@ -396,10 +311,10 @@ def squared_loss_quadratic(train_len: int, offset: int, vocab_size: int, d_head:
     h = torch.zeros(d_head, d_head, dtype=torch.float64)
     b = torch.zeros(d_head, dtype=torch.float64)
     for seq_len in lengths:
-        offs = torch.arange(-(seq_len - 1), 0)
-        phi = rope_kernel_features(offs, d_head, base, frequencies)
-        e = (offs == -offset).to(torch.float64)
-        a = (1 - 1 / vocab_size) * torch.eye(len(offs), dtype=torch.float64) + 1 / vocab_size
+        rel = torch.arange(-(seq_len - 1), 0)
+        phi = rope_kernel_features(rel, d_head, base, frequencies)
+        e = (rel == -offset).to(torch.float64)
+        a = (1 - 1 / vocab_size) * torch.eye(len(rel), dtype=torch.float64) + 1 / vocab_size
         h += phi.T @ a @ phi
         b += phi.T @ a @ e
     return h / len(lengths), b / len(lengths), 1.0

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._validate import check_fits, check_int, check_int_sequence, check_positive_float
+from .models import KernelHead
+from .tasks import IGNORE_INDEX, as_task_list, query_targets
 
 
 def default_device() -> torch.device:
@@ -70,24 +72,6 @@ def cpu_threads(n: int | None):
     finally:
         if n != previous:
             torch.set_num_threads(previous)
-
-
-def as_task_list(task, n_models: int) -> list:
-    """Normalise ``task`` (one task, or one per model) to a list of ``n_models`` tasks with one vocabulary."""
-    tasks = list(task) if isinstance(task, Sequence) else [task] * n_models
-    if len(tasks) != n_models:
-        raise ValueError(f"task must be one task or a sequence of n_models={n_models} tasks; got {len(tasks)}")
-    vocab = {t.vocab_size for t in tasks}
-    if len(vocab) != 1:
-        raise ValueError(f"all tasks of one ensemble must share vocab_size; got {sorted(vocab)}")
-    return tasks
-
-
-def batch_targets(tasks: list, tokens: Tensor) -> Tensor:
-    """Targets ``[M, B]`` for an ensemble whose model ``i`` solves ``tasks[i]`` on the shared ``tokens [B, L]``."""
-    if all(t == tasks[0] for t in tasks):
-        return tasks[0].targets(tokens).expand(len(tasks), -1)
-    return torch.stack([t.targets(tokens) for t in tasks])
 
 
 def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -147,6 +131,9 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     tasks = as_task_list(task, model.n_models)
     for t in tasks:
         check_fits("train_len", train_len, t.check_seq_len)
+    if not tasks[0].query_only:
+        raise ValueError(f"train fits the single-head readout (one target, at the query); {tasks[0]!r} scores "
+                         "other positions: use train_sequence")
     if tasks[0].vocab_size != model.config.vocab_size:
         raise ValueError(f"task vocab_size={tasks[0].vocab_size} differs from model vocab_size={model.config.vocab_size}")
     min_len = max(t.min_seq_len for t in tasks)
@@ -199,10 +186,11 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
 
     def batch_loss():
         seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
+        positions = model.encoding.train_positions(seq_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
         tokens, _ = tasks[0].sample(batch_size, seq_len, gen)
         tokens = tokens.to(device, non_blocking=True)
-        logits, _ = model(tokens, validate=False)  # tokens come from the task: valid by construction
-        return ensemble_cross_entropy(logits, batch_targets(tasks, tokens))
+        logits, _ = model(tokens, validate=False, positions=positions)  # tokens come from the task: valid
+        return ensemble_cross_entropy(logits, query_targets(tasks, tokens))
 
     history = _run_steps(model, opt, batch_loss, steps, device,
                          progress=bool(progress or (progress is None and steps >= 5000)), callback=callback)
@@ -248,8 +236,6 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         ValueError / TypeError: bad sizes, a seed list whose length is not ``M``, or per-model
             seeds for a model other than a ``KernelHead``.
     """
-    from .models import KernelHead
-
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     lr = check_positive_float("lr", lr)
@@ -285,12 +271,13 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
             batches.append(tasks[0].sample(batch_size, seq_len, gen)[0])
         if per_model:
             longest = max(b.shape[1] for b in batches)
-            targets = torch.stack([tasks[0].targets(b) for b in batches]).to(device)  # [M, B]
-            tokens = torch.stack([F.pad(b, (longest - b.shape[1], 0), value=tasks[0].query_token)
+            targets = torch.stack([tasks[0].targets(b)[:, -1] for b in batches]).to(device)  # [M, B]
+            # the padding token is the query token V, whose value in a KernelHead is zero
+            tokens = torch.stack([F.pad(b, (longest - b.shape[1], 0), value=model.vocab_size)
                                   for b in batches]).to(device)  # [M, B, longest]
         else:
             tokens = batches[0].to(device)
-            targets = batch_targets(tasks, tokens)
+            targets = query_targets(tasks, tokens)
         outputs, _ = model(tokens)
         return ensemble_squared_error(outputs, targets)
 
@@ -309,8 +296,6 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
         ``[M]``: each model's loss averaged over the scored positions (padding and
         undefined positions never count).
     """
-    from .tasks import IGNORE_INDEX
-
     m, b, seq_len, v = logits.shape
     flat_targets = targets.expand(m, b, seq_len).reshape(-1)
     loss = F.cross_entropy(logits.reshape(-1, v), flat_targets, ignore_index=IGNORE_INDEX, reduction="none")
@@ -331,7 +316,7 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     Args:
         model: a ``Transformer`` (any ``n_models``).
         task: a full-sequence task (``DelayedCopy``, ``LaggedSum``, ``RunningParity``).
-        steps, batch_size, lr, weight_decay: optimisation settings (DESIGN.md defaults).
+        steps, batch_size, lr, weight_decay: optimisation settings (chapter 7's defaults).
         train_len: training sequence length.
         seed: seeds the data stream.
         device: defaults to :func:`default_device`.
@@ -346,9 +331,9 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
     seed = check_int("seed", seed, minimum=0)
     train_len = check_fits("train_len", train_len, task.check_seq_len)
-    n_tokens = getattr(task, "n_tokens", task.vocab_size)  # input vocabulary (a separator may be extra)
-    if n_tokens != model.vocab_size:
-        raise ValueError(f"task input vocabulary {n_tokens} differs from model vocab_size={model.vocab_size}")
+    as_task_list(task, model.n_models)  # checks that it is a Task
+    if task.n_tokens != model.config.vocab_size:
+        raise ValueError(f"task input vocabulary {task.n_tokens} differs from model vocab_size={model.config.vocab_size}")
     device = torch.device(device) if device is not None else default_device()
     with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
         return _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
@@ -365,7 +350,7 @@ def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train
 
     def batch_loss():
         tokens, targets = task.sample(batch_size, train_len, gen, device=device)
-        return sequence_cross_entropy(model(tokens), targets)
+        return sequence_cross_entropy(model(tokens, validate=False), targets)
 
     history = _run_steps(model, opt, batch_loss, steps, device,
                          progress=bool(progress or (progress is None and steps >= 1000)))

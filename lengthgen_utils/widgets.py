@@ -21,12 +21,14 @@ import ipywidgets as widgets
 from . import plots
 from ._validate import check_int
 from .evaluation import accuracy_by_length
-from .experiments import Profile, get_profile
 from .models import RetrievalHead
+from .positional import encoding_names, get_encoding
+from .profiles import Profile, get_profile
 from .tasks import FixedOffsetRetrieval
 from .training import train
 
-PE_CHOICES = (("RoPE, APE and NoPE", "all"), ("RoPE", "rope"), ("APE (learned)", "ape"), ("NoPE", "nope"))
+CHAPTER_1_ENCODINGS = ("rope", "ape", "nope")
+PE_CHOICES = (("RoPE, APE and NoPE", "all"),) + tuple((get_encoding(n).label, n) for n in encoding_names())
 EVAL_LENGTHS = (16, 32, 64, 128, 256, 512)  # choices of the longest evaluation length (tokens)
 MAX_LEN = max(EVAL_LENGTHS)  # APE tables are sized for it, so changing the evaluation length never retrains
 
@@ -58,7 +60,7 @@ class RetrievalExplorer(widgets.VBox):
     widget that displays it.
 
     Args:
-        profile: a :class:`~lengthgen_utils.experiments.Profile` or its name; sets seeds, steps,
+        profile: a :class:`~lengthgen_utils.profiles.Profile` or its name; sets seeds, steps,
             batch size and evaluation samples (default: ``$LENGTHGEN_PROFILE``, else ``default``).
         offset, train_len, eval_len, pe: initial slider values.
         n_seeds, steps, eval_samples: override the profile's values (e.g. to keep a test short).
@@ -115,7 +117,7 @@ class RetrievalExplorer(widgets.VBox):
     @property
     def pes(self) -> list[str]:
         """The position encodings selected by ``pe``."""
-        return ["rope", "ape", "nope"] if self.pe.value == "all" else [self.pe.value]
+        return list(CHAPTER_1_ENCODINGS) if self.pe.value == "all" else [self.pe.value]
 
     def _key(self, pe: str) -> tuple:
         return pe, self.offset.value, self.train_len.value
@@ -142,7 +144,7 @@ class RetrievalExplorer(widgets.VBox):
         start = time.perf_counter()
         try:
             for i, pe in enumerate(pes):
-                self.status.value = f"training {plots.PE_LABELS.get(pe, pe)} ({self.n_seeds} seeds, {self.steps} steps)..."
+                self.status.value = f"training {get_encoding(pe).label} ({self.n_seeds} seeds, {self.steps} steps)..."
                 model = RetrievalHead(pe=pe, max_len=MAX_LEN, n_models=self.n_seeds)
 
                 def tick(step, loss, done=i * self.steps):
@@ -158,7 +160,7 @@ class RetrievalExplorer(widgets.VBox):
     def _settings_changed(self) -> None:
         missing = [pe for pe in self.pes if self._key(pe) not in self._models]
         if missing:
-            self.status.value = ("Not trained yet for " + ", ".join(plots.PE_LABELS.get(p, p) for p in missing)
+            self.status.value = ("Not trained yet for " + ", ".join(get_encoding(p).label for p in missing)
                                  + f" at k = {self.offset.value}, training length {self.train_len.value}: "
                                    "press <b>Retrain</b>. The figure still shows the previous setting.")
             return

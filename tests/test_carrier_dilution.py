@@ -4,18 +4,19 @@ import math
 import pytest
 import torch
 
-from lengthgen_utils import analysis, theory
-from lengthgen_utils.evaluation import accuracy_by_length, accuracy_with_logit_scale, target_attention_mass
+from lengthgen_utils import kernel as analysis
+from lengthgen_utils import theory
+from lengthgen_utils.evaluation import accuracy_by_length, target_attention_mass
 from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import rope_inverse_frequencies
+from lengthgen_utils.positional import RoPE, rope_inverse_frequencies
 from lengthgen_utils.tasks import FixedOffsetRetrieval
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_offset_kernel_equals_model_scores(interleaved):
-    model = RetrievalHead(n_models=3, interleaved=interleaved, rope_base=500.0)
+    model = RetrievalHead(n_models=3, pe=RoPE(base=500.0, interleaved=interleaved))
     seq_len = 300
-    kernel = analysis.offset_kernel(model, range(-(seq_len - 1), 1))
+    kernel = analysis.offset_kernel(model, seq_len)  # the row layout: D = -(L-1) .. 0
     with torch.no_grad():
         scores = model.scores(seq_len).double()
     torch.testing.assert_close(kernel, scores, atol=2e-5, rtol=0)
@@ -27,7 +28,7 @@ def test_spectrum_gives_a_b_form():
     a, b = spec.r * spec.phi.cos(), spec.r * spec.phi.sin()
     d = torch.arange(-40, 1).double()
     s = (a[:, :, None] * torch.cos(spec.theta[None, :, None] * d) + b[:, :, None] * torch.sin(spec.theta[None, :, None] * d)).sum(1)
-    torch.testing.assert_close(s, analysis.offset_kernel(model, d.long()))
+    torch.testing.assert_close(s, analysis.kernel_at(model, d.long()))
     assert spec.r.shape == (2, 8) and (spec.r >= 0).all()
 
 
@@ -44,8 +45,8 @@ def matched_filter(offset, d_model=32, d_head=16):
         model.u[0, 0] = 1.0
         model.w_q.zero_()
         model.w_k.zero_()
-        model.w_q[0, 0] = q0
-        model.w_k[0, 0] = k0
+        model.w_q[0, :, 0] = q0  # W_Q u = q0 for u = e_0 (weights are [d_head, d_model])
+        model.w_k[0, :, 0] = k0
     return model
 
 
@@ -53,10 +54,9 @@ def test_matched_filter_alignment_is_one_and_peaks_at_minus_k():
     model = matched_filter(3)
     assert analysis.carrier_alignment(model, 3).item() == pytest.approx(1.0, abs=1e-6)
     assert analysis.carrier_alignment(model, 3, train_len=16).item() == pytest.approx(1.0, abs=1e-6)
-    window = analysis.training_window(16)
-    assert window[analysis.offset_kernel(model, window).argmax(1)].item() == -3
+    assert analysis.peak_distance(analysis.offset_kernel(model, 16)).item() == 3
     # peak value = sum r_i = 8 pairs * 1 / sqrt(16)
-    assert analysis.offset_kernel(model, [-3]).item() == pytest.approx(2.0, abs=1e-6)
+    assert analysis.kernel_at(model, [-3]).item() == pytest.approx(2.0, abs=1e-6)
     # one offset off: raw alignment is the mean of cos(theta_i) (0.936: the slow pairs barely notice),
     # the variation-weighted one is lower because it discounts those slow pairs
     raw = analysis.carrier_alignment(model, 4).item()
@@ -91,9 +91,9 @@ def test_qk_effective_rank_range():
 
 
 def test_first_alias_offset_definition():
-    model = RetrievalHead(n_models=4, rope_base=100.0)
-    found = analysis.first_alias_offset(model, 3, 16, 2000, tolerance=1.0)
-    s = analysis.offset_kernel(model, -torch.arange(2001))
+    model = RetrievalHead(n_models=4, pe=RoPE(base=100.0))
+    found = analysis.first_alias_distance(model, 3, 16, 2000, tolerance=1.0)
+    s = analysis.kernel_at(model, -torch.arange(2001))  # column d holds s(-d)
     for i, d in enumerate(found):
         peak = s[i, 3]
         if d is None:
@@ -103,12 +103,12 @@ def test_first_alias_offset_definition():
 
 
 def test_bad_inputs_raise():
-    with pytest.raises(ValueError, match="pe='rope'"):
-        analysis.offset_kernel(RetrievalHead(pe="ape"), [0])
+    with pytest.raises(ValueError, match="RoPE encoding"):
+        analysis.kernel_at(RetrievalHead(pe="ape"), [0])
     with pytest.raises(ValueError, match="offset must be >= 1"):
         analysis.carrier_alignment(RetrievalHead(), 0)
-    with pytest.raises(TypeError, match="offsets must be integers"):
-        analysis.offset_kernel(RetrievalHead(), torch.tensor([0.5]))
+    with pytest.raises(TypeError, match="must hold integers"):
+        analysis.kernel_at(RetrievalHead(), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="must lie in"):
         theory.exact_target_mass(torch.zeros(1, 10), 3, [11])
     with pytest.raises(ValueError, match="rho must be finite and > 0"):
@@ -116,9 +116,9 @@ def test_bad_inputs_raise():
 
 
 def test_exact_mass_equals_model_attention_and_ratio():
-    model = RetrievalHead(n_models=3, rope_base=100.0)
+    model = RetrievalHead(n_models=3, pe=RoPE(base=100.0))
     lengths = [8, 16, 64, 200]
-    kernel = analysis.offset_kernel(model, -torch.arange(200))
+    kernel = analysis.offset_kernel(model, 200)
     exact = theory.exact_target_mass(kernel, [1, 2, 5], lengths)
     measured = target_attention_mass(model, [1, 2, 5], lengths)
     torch.testing.assert_close(exact, measured, atol=1e-5, rtol=0)
@@ -129,8 +129,8 @@ def test_exact_mass_equals_model_attention_and_ratio():
 def test_mean_field_law_values():
     p = theory.mean_field_target_mass([10, 2], 1.0, 0.5)
     torch.testing.assert_close(p, torch.tensor([[1 / (1 + 8 * 0.5 * math.exp(-1)), 1.0]], dtype=torch.float64))
-    model = RetrievalHead(n_models=2, rope_base=100.0)
-    kernel = analysis.offset_kernel(model, -torch.arange(64))
+    model = RetrievalHead(n_models=2, pe=RoPE(base=100.0))
+    kernel = analysis.offset_kernel(model, 64)
     m, rho = theory.mean_field_parameters(kernel, 3, 16)
     # exact at the training length by construction
     torch.testing.assert_close(theory.mean_field_target_mass([16], m, rho), theory.exact_target_mass(kernel, 3, [16]))
@@ -158,10 +158,10 @@ def test_linear_fit_and_scale():
 
 
 def test_scaled_accuracy_with_unit_scale_matches_accuracy_by_length():
-    model = RetrievalHead(n_models=2, rope_base=100.0)
+    model = RetrievalHead(n_models=2, pe=RoPE(base=100.0))
     task = FixedOffsetRetrieval(16, 2)
     lengths = [8, 32]
-    torch.testing.assert_close(accuracy_with_logit_scale(model, task, lengths, [1.0, 1.0], n_samples=256),
+    torch.testing.assert_close(accuracy_by_length(model, task, lengths, n_samples=256, logit_scale=[1.0, 1.0]),
                                accuracy_by_length(model, task, lengths, n_samples=256))
 
 

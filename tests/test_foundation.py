@@ -8,12 +8,13 @@ import math
 import pytest
 import torch
 
+from lengthgen_utils.configs import RetrievalExperiment
 from lengthgen_utils.evaluation import accuracy_by_length
-from lengthgen_utils.experiments import PROFILES, RetrievalExperiment, get_profile
 from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import (LearnedAbsolutePE, apply_rope, rope_angles, rope_inverse_frequencies,
+from lengthgen_utils.positional import (LearnedAPE, apply_rope, rope_angles, rope_inverse_frequencies,
                                         rope_rotation_matrix)
-from lengthgen_utils.tasks import FixedOffsetRetrieval
+from lengthgen_utils.profiles import PROFILES, get_profile
+from lengthgen_utils.tasks import IGNORE_INDEX, FixedOffsetRetrieval
 from lengthgen_utils.training import train
 
 
@@ -26,11 +27,12 @@ def gen(seed=0):
 def test_targets_are_the_token_at_the_offset(offset):
     task = FixedOffsetRetrieval(vocab_size=16, offset=offset)
     tokens, targets = task.sample(64, 12, gen())
-    assert tokens.shape == (64, 12) and targets.shape == (64,)
+    assert tokens.shape == (64, 12) and targets.shape == (64, 12)
     assert tokens.dtype == torch.long and targets.dtype == torch.long
     assert (tokens[:, -1] == task.query_token).all()
     assert (tokens[:, :-1] < 16).all() and (tokens[:, :-1] >= 0).all()
-    assert torch.equal(targets, tokens[:, 12 - 1 - offset])
+    assert torch.equal(targets[:, -1], tokens[:, 12 - 1 - offset])  # the one target, at the query
+    assert (targets[:, :-1] == IGNORE_INDEX).all() and task.scored_positions(12).tolist() == [False] * 11 + [True]
 
 
 def test_task_sampling_is_seeded():
@@ -164,17 +166,18 @@ def test_rope_frequencies_reject_odd_dimension_and_bad_base():
 
 # ---------------------------------------------------------------- APE
 def test_ape_rejects_positions_beyond_the_table():
-    ape = LearnedAbsolutePE(max_len=16, d_model=4)
-    assert ape(torch.arange(16)).shape == (1, 16, 4)
+    ape = LearnedAPE()
+    params = ape.init_parameters(n_models=1, d_model=4, max_len=16, n_heads=1, generators=[gen(0)])
+    assert ape.embed(params, torch.arange(16)).shape == (1, 16, 4)
     with pytest.raises(ValueError, match=r"16 rows.*length 17"):
-        ape(torch.arange(17))
+        ape.embed(params, torch.arange(17))
     with pytest.raises(ValueError):
-        ape(torch.tensor([-1, 0]))
+        ape.embed(params, torch.tensor([-1, 0]))
 
 
 def test_ape_init_is_explicit():
-    ape = LearnedAbsolutePE(max_len=4096, d_model=32, init_std=0.02, generators=[gen(0)])
-    assert abs(float(ape.weight.detach().std()) - 0.02) < 1e-3
+    table = LearnedAPE(init_std=0.02).init_parameters(1, 32, 4096, 1, [gen(0)])["table"]
+    assert abs(float(table.std()) - 0.02) < 1e-3
 
 
 # ---------------------------------------------------------------- the head
@@ -198,7 +201,7 @@ def test_rope_head_logits_unchanged_under_global_shift():
 
 
 def test_ape_head_logits_change_under_global_shift():
-    model = RetrievalHead(16, 32, 16, "ape", max_len=128, n_models=2, ape_init_std=0.5)
+    model = RetrievalHead(16, 32, 16, LearnedAPE(init_std=0.5), max_len=128, n_models=2)
     assert (model.scores(24, 50) - model.scores(24)).abs().max() > 1e-2
 
 
@@ -247,7 +250,7 @@ def test_select_copies_one_member():
 
 @pytest.mark.parametrize("kwargs, err, match", [
     (dict(pe="rope", d_head=15), ValueError, "d_head"),
-    (dict(pe="sinusoidal-typo"), ValueError, "pe must be one of"),
+    (dict(pe="sinusoidal-typo"), ValueError, "registered ones are"),
     (dict(vocab_size=1), ValueError, "vocab_size"),
     (dict(attention="relu"), ValueError, "attention"),
     (dict(n_models=0), ValueError, "n_models"),

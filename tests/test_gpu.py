@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from lengthgen_utils import cache as lg_cache
-from lengthgen_utils import experiments
+from lengthgen_utils import configs, runners
+from lengthgen_utils.cache import cache_description
 from lengthgen_utils.evaluation import accuracy_by_length, token_accuracy_by_position
 from lengthgen_utils.models import KernelHead, RetrievalHead, Transformer
 from lengthgen_utils.positional import apply_rope
@@ -98,12 +99,12 @@ def test_rope_angles_keep_their_precision_on_the_device():
 
 
 def test_run_retrieval_on_the_device_is_cached_apart_from_the_cpu(tmp_path):
-    exp = experiments.RetrievalExperiment(n_seeds=2, steps=20, batch_size=32, eval_samples=64, length_multiples=(1, 2))
-    on_dev = experiments.run_retrieval(exp, device=DEVICE, cache=tmp_path)
+    exp = configs.RetrievalExperiment(n_seeds=2, steps=20, batch_size=32, eval_samples=64, length_multiples=(1, 2))
+    on_dev = runners.run_retrieval(exp, device=DEVICE, cache=tmp_path)
     assert on_dev.model.device.type == torch.device(DEVICE).type
     assert on_dev.accuracy.device.type == "cpu" and on_dev.accuracy.dtype == torch.float64
-    again = experiments.run_retrieval(exp, device=DEVICE, cache=tmp_path)
+    again = runners.run_retrieval(exp, device=DEVICE, cache=tmp_path)
     assert again.extra["cache"] == "hit" and torch.equal(again.accuracy, on_dev.accuracy)
-    key_dev = lg_cache.make_key(experiments.cache_description(exp, DEVICE))
-    key_cpu = lg_cache.make_key(experiments.cache_description(exp, "cpu"))
+    key_dev = lg_cache.make_key(cache_description(exp, DEVICE))
+    key_cpu = lg_cache.make_key(cache_description(exp, "cpu"))
     assert (key_dev != key_cpu) == (torch.device(DEVICE).type != "cpu")

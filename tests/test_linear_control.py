@@ -6,15 +6,17 @@ import pytest
 import torch
 
 from lengthgen_utils import theory as th
+from lengthgen_utils.configs import SPREAD_FREQUENCIES, RetrievalExperiment
 from lengthgen_utils.evaluation import squared_error_by_length
-from lengthgen_utils.experiments import SPREAD_FREQUENCIES, factorized_kernel
+from lengthgen_utils.kernel import factorized_kernel
 from lengthgen_utils.models import KernelHead, RetrievalHead
-from lengthgen_utils.positional import apply_rope, rope_inverse_frequencies
+from lengthgen_utils.positional import apply_rope, rope_inverse_frequencies, rope_kernel_coefficients, rope_kernel_features
+from lengthgen_utils.runners import run_kernel_head
 from lengthgen_utils.tasks import FixedOffsetRetrieval
 from lengthgen_utils.training import train_squared_loss
 
 TASK = FixedOffsetRetrieval(16, 3)
-T = th.training_offsets(16, 3)
+T = th.trained_relative_positions(16, 3)
 
 
 def gen(seed=0):
@@ -22,7 +24,7 @@ def gen(seed=0):
 
 
 def test_features_pinned():
-    phi = th.rope_kernel_features([0, -3], d_head=4, base=100.0)
+    phi = rope_kernel_features([0, -3], d_head=4, base=100.0)
     expected = torch.tensor([[1.0, 1.0, 0.0, 0.0],
                              [math.cos(-3), math.cos(-0.3), math.sin(-3), math.sin(-0.3)]], dtype=torch.float64)
     torch.testing.assert_close(phi, expected)
@@ -32,19 +34,19 @@ def test_features_pinned():
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_kernel_coefficients_reproduce_rope_scores(interleaved):
     q, k = torch.randn(2, 16, generator=gen(1), dtype=torch.float64)
-    c = th.rope_kernel_coefficients(q, k, interleaved)
+    c = rope_kernel_coefficients(q, k, interleaved)
     positions = torch.arange(40)
     q_rot = apply_rope(q.expand(40, 16).clone(), positions, interleaved=interleaved)
     k_rot = apply_rope(k.expand(40, 16).clone(), positions, interleaved=interleaved)
     scores = k_rot @ q_rot[-1]  # query at 39, keys 0..39: offsets -39..0
-    torch.testing.assert_close(th.rope_kernel_features(positions - 39, 16) @ c, scores)
+    torch.testing.assert_close(rope_kernel_features(positions - 39, 16) @ c, scores)
 
 
 def test_factorized_kernel_matches_the_linear_head():
     model = RetrievalHead(attention="linear", n_models=3)
     c = factorized_kernel(model)
     for seq_len in (5, 16, 200):
-        s = c @ th.rope_kernel_features(torch.arange(seq_len) - (seq_len - 1), 16).T
+        s = c @ rope_kernel_features(torch.arange(seq_len) - (seq_len - 1), 16).T
         torch.testing.assert_close(s, model.scores(seq_len).double(), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="RoPE"):
         factorized_kernel(RetrievalHead(pe="ape", max_len=32))
@@ -83,7 +85,7 @@ def test_kernel_head_query_value_is_zero_and_gradient_stays_in_the_row_space():
     assert torch.equal(model.c, torch.zeros(1, 16))
     history = train_squared_loss(model, TASK, steps=3, batch_size=64, lr=0.01, seed=0, device="cpu")
     assert history.shape == (3, 1)
-    phi = th.rope_kernel_features(T, 16)
+    phi = rope_kernel_features(T, 16)
     c = model.c.detach().double()[0]
     projection = phi.T @ torch.linalg.lstsq(phi.T, c[:, None]).solution[:, 0]
     assert (c - projection).norm() <= 1e-6 * c.norm()
@@ -119,8 +121,6 @@ def test_one_seed_may_come_as_any_integer_or_a_list_of_one():
 
 
 def test_kernel_head_run_rejects_settings_its_closed_forms_do_not_cover():
-    from lengthgen_utils.experiments import RetrievalExperiment, run_kernel_head
-
     for override in ({"fixed_length": True}, {"min_train_len": 8}):
         with pytest.raises(ValueError, match="fixed_length|min_train_len"):
             run_kernel_head(RetrievalExperiment(n_seeds=1, steps=1, **override), cache=False)
@@ -139,8 +139,7 @@ def test_per_model_seeds_reject_bad_input(model, seed, error):
 
 
 def test_kernel_head_run_is_cached(tmp_path, monkeypatch):
-    from lengthgen_utils import training
-    from lengthgen_utils.experiments import RetrievalExperiment, run_kernel_head
+    from lengthgen_utils import runners
 
     exp = RetrievalExperiment(n_seeds=2, steps=20, batch_size=16, eval_samples=32, length_multiples=(1, 2))
     first = run_kernel_head(exp, "spread", SPREAD_FREQUENCIES, cache=tmp_path, device="cpu")
@@ -149,7 +148,7 @@ def test_kernel_head_run_is_cached(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a cached kernel head was trained again")
 
-    monkeypatch.setattr(training, "train_squared_loss", no_training)  # only a cache hit gets past this
+    monkeypatch.setattr(runners, "train_squared_loss", no_training)  # only a cache hit gets past this
     again = run_kernel_head(exp, "spread", SPREAD_FREQUENCIES, cache=tmp_path, device="cpu")
     monkeypatch.undo()
     assert len(list(tmp_path.rglob("*.pt"))) == 1
@@ -162,7 +161,7 @@ def test_kernel_head_run_is_cached(tmp_path, monkeypatch):
 
 def test_min_norm_interpolant_interpolates_and_is_shortest():
     c = th.min_norm_interpolant(T, 3, 16, frequencies=SPREAD_FREQUENCIES)
-    phi = th.rope_kernel_features(T, 16, frequencies=SPREAD_FREQUENCIES)
+    phi = rope_kernel_features(T, 16, frequencies=SPREAD_FREQUENCIES)
     torch.testing.assert_close(phi @ c, (T == -3).double(), atol=1e-10, rtol=0)
     assert c.norm().item() == pytest.approx(0.36831, abs=1e-4)
     null = torch.linalg.svd(phi).Vh[-1]  # 16 unknowns, 15 equations: one null direction
@@ -173,18 +172,18 @@ def test_min_norm_interpolant_interpolates_and_is_shortest():
 
 
 def test_min_norm_interpolant_rejects_bad_input():
-    with pytest.raises(ValueError, match="target_offset"):
+    with pytest.raises(ValueError, match="-offset"):
         th.min_norm_interpolant([-1, -2], 3, 16)
-    with pytest.raises(TypeError, match="train_offsets"):
+    with pytest.raises(TypeError, match="trained"):
         th.min_norm_interpolant(torch.tensor([-1.0, -3.0]), 3, 16)
     with pytest.raises(ValueError, match="rcond"):
         th.min_norm_interpolant(T, 3, 16, rcond=0.0)
     with pytest.raises(ValueError, match="d_head"):
         th.min_norm_interpolant(T, 3, 15)
     with pytest.raises(ValueError, match="frequencies"):
-        th.rope_kernel_features(T, 16, frequencies=[1.0, 2.0])
+        rope_kernel_features(T, 16, frequencies=[1.0, 2.0])
     with pytest.raises(ValueError, match="train_len"):
-        th.training_offsets(4, 3)
+        th.trained_relative_positions(4, 3)
 
 
 def test_gradient_descent_closed_form_matches_iteration():

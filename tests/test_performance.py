@@ -18,12 +18,14 @@ import pytest
 import torch
 
 from lengthgen_utils import cache as lg_cache
-from lengthgen_utils import experiments
+from lengthgen_utils import runners
 from lengthgen_utils.__main__ import format_sweep_table, main
-from lengthgen_utils.experiments import (PROFILES, Profile, RetrievalExperiment, RetrievalSweep, load_or_run,
-                                         run_retrieval, run_sweep)
+from lengthgen_utils.cache import cache_description, load_or_run
+from lengthgen_utils.configs import RetrievalExperiment, RetrievalSweep
 from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import apply_rope, rope_cos_sin
+from lengthgen_utils.positional import LearnedAPE, RoPE, apply_rope, get_encoding, rope_cos_sin
+from lengthgen_utils.profiles import PROFILES, Profile
+from lengthgen_utils.runners import run_retrieval, run_sweep
 from lengthgen_utils.tasks import FixedOffsetRetrieval
 from lengthgen_utils.training import cpu_threads, default_cpu_threads, train
 
@@ -67,9 +69,9 @@ def test_sweep_member_equals_its_experiment_run_alone(tmp_path):
     sweep = RetrievalSweep(pes=("rope", "ape"), offsets=(1, 3), n_seeds=2, steps=40, batch_size=64,
                            eval_samples=256, length_multiples=(1, 2))
     result = run_sweep(sweep, device="cpu", cache=tmp_path)
-    assert result.accuracy[("ape", "softmax")].shape == (2, 2, 2)
-    assert result.loss_history[("rope", "softmax")].shape == (40, 2, 2)
-    assert result.models[("rope", "softmax")].n_models == 4
+    assert result.accuracy[(LearnedAPE(), "softmax")].shape == (2, 2, 2)
+    assert result.loss_history[(RoPE(), "softmax")].shape == (40, 2, 2)
+    assert result.models[(RoPE(), "softmax")].n_models == 4
     for pe in ("rope", "ape"):
         for k in (1, 3):
             exp = sweep.experiment(pe, k)
@@ -88,7 +90,7 @@ def test_sweep_member_equals_its_experiment_run_alone(tmp_path):
     (dict(offsets=(1, 1)), ValueError, "distinct"),
     (dict(offsets=(1, 15)), ValueError, "train_len"),
     (dict(offsets=(0, 1)), ValueError, "offsets"),
-    (dict(pes=("rope", "alibi-typo")), ValueError, "pe must be one of"),
+    (dict(pes=("rope", "alibi-typo")), ValueError, "registered ones are"),
     (dict(attentions=("relu",)), ValueError, "attention"),
     (dict(pes="rope"), TypeError, "pes"),
     (dict(offsets=(1, 5), min_train_len=6), ValueError, "min_train_len"),
@@ -108,7 +110,7 @@ def test_sweep_from_profile_and_its_experiments():
     assert sweep.experiment("ape", 1, "linear").min_train_len == 10
     with pytest.raises(ValueError, match="offset"):
         sweep.experiment("rope", 4)
-    assert experiments.TRANSFORMER_PROFILES["full"]["n_seeds"] >= 5
+    assert dict(PROFILES["full"].transformer)["n_seeds"] >= 5
 
 
 def test_subset_copies_members_in_order():
@@ -191,22 +193,22 @@ def test_cache_miss_then_hit(tmp_path):
 
 
 def test_cache_key_covers_config_version_code_torch_and_device(monkeypatch):
-    base = experiments.cache_description(ToyConfig(), "cpu")
+    base = cache_description(ToyConfig(), "cpu")
     key = lg_cache.make_key(base)
-    assert base["config"] == {"size": 3, "scale": 1.5} and base["kind"].endswith("ToyConfig")
-    assert lg_cache.make_key(experiments.cache_description(ToyConfig(scale=1.50001), "cpu")) != key
-    assert lg_cache.make_key(experiments.cache_description(ToyConfig(), "cuda")) != key
-    monkeypatch.setattr(experiments, "__version__", "9.9.9")
-    assert lg_cache.make_key(experiments.cache_description(ToyConfig(), "cpu")) != key
+    assert base["config"] == {"class": "ToyConfig", "size": 3, "scale": 1.5}
+    assert lg_cache.make_key(cache_description(ToyConfig(scale=1.50001), "cpu")) != key
+    assert lg_cache.make_key(cache_description(ToyConfig(), "cuda")) != key
+    monkeypatch.setattr(lg_cache, "__version__", "9.9.9")
+    assert lg_cache.make_key(cache_description(ToyConfig(), "cpu")) != key
     monkeypatch.setattr(lg_cache, "_FINGERPRINT", "0" * 16)
-    assert experiments.cache_description(ToyConfig(), "cpu")["code"] == "0" * 16
+    assert cache_description(ToyConfig(), "cpu")["code"] == "0" * 16
     assert {"lengthgen_utils", "code", "torch", "device"} <= set(base)
 
 
 def test_stale_entry_of_another_version_is_not_used(tmp_path, monkeypatch):
     compute = Counter()
     load_or_run(ToyConfig(), compute, cache=tmp_path)
-    monkeypatch.setattr(experiments, "__version__", "0.0.0-other")
+    monkeypatch.setattr(lg_cache, "__version__", "0.0.0-other")
     _, status = load_or_run(ToyConfig(), compute, cache=tmp_path)
     assert status == "miss" and compute.calls == 2
 
@@ -251,7 +253,7 @@ def test_corrupt_entry_is_detected_and_recomputed(tmp_path, corrupt):
 
 def test_entry_of_another_key_is_refused(tmp_path):
     load_or_run(ToyConfig(size=3), Counter(3), cache=tmp_path)
-    other_key = lg_cache.make_key(experiments.cache_description(ToyConfig(size=4), None))
+    other_key = lg_cache.make_key(cache_description(ToyConfig(size=4), None))
     only_entry(tmp_path).rename(lg_cache.entry_path(tmp_path, other_key))
     compute = Counter(4)
     with pytest.warns(RuntimeWarning, match="key"):
@@ -267,7 +269,7 @@ class NotATensor:
 
 
 def test_entry_holding_an_arbitrary_object_is_refused_even_with_a_valid_checksum(tmp_path):
-    description = experiments.cache_description(ToyConfig(), None)
+    description = cache_description(ToyConfig(), None)
     key = lg_cache.make_key(description)
     buffer = io.BytesIO()
     torch.save({"x": NotATensor()}, buffer)
@@ -317,7 +319,7 @@ _KILLED_WRITER = textwrap.dedent("""
 @pytest.mark.parametrize("hang_in", ["fsync", "replace"])
 def test_a_killed_write_leaves_no_entry_and_is_recomputed(tmp_path, hang_in):
     """The writer of ToyConfig's entry is killed half way (before its data is synced, or before the rename)."""
-    description = experiments.cache_description(ToyConfig(), None)
+    description = cache_description(ToyConfig(), None)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path), json.dumps(description), hang_in],
                              env=env, stdout=subprocess.PIPE, text=True)
@@ -371,7 +373,7 @@ def test_run_retrieval_goes_through_the_cache(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a warm cache must not train")
 
-    monkeypatch.setattr(experiments, "train", no_training)
+    monkeypatch.setattr(runners, "train", no_training)
     loaded = run_retrieval(exp, device="cpu", cache=tmp_path)
     assert loaded.extra["cache"] == "hit"
     assert torch.equal(loaded.accuracy, fresh.accuracy) and torch.equal(loaded.loss_history, fresh.loss_history)
@@ -403,7 +405,7 @@ def test_summary_table_reports_mean_and_worst_seed(tmp_path):
     sweep = RetrievalSweep(pes=("nope",), offsets=(2,), n_seeds=2, steps=5, batch_size=16, eval_samples=64,
                            length_multiples=(1, 2))
     result = run_sweep(sweep, device="cpu", cache=False)
-    acc = result.accuracy[("nope", "softmax")][0]
+    acc = result.accuracy[(get_encoding("nope"), "softmax")][0]
     line = format_sweep_table(result).splitlines()[-1]
     assert line.split()[:3] == ["nope", "softmax", "2"]
     assert f"{float(acc[:, 0].mean()):.3f} ({float(acc[:, 0].min()):.2f})" in line
@@ -420,11 +422,10 @@ def test_benchmark_smoke(capsys):
 
 def test_cli_runs_the_transformer_suite(monkeypatch, tmp_path, capsys):
     """The transformer suite (chapter 7's delayed copy, RoPE/APE/NoPE) runs and prints its table."""
-    from lengthgen_utils import experiments
-    from lengthgen_utils.__main__ import main
+    from dataclasses import replace
 
     tiny = dict(d_model=16, n_heads=2, batch_size=4, steps=2, lr=1e-3, n_seeds=1, eval_samples=2)
-    monkeypatch.setitem(experiments.TRANSFORMER_PROFILES, "quick", tiny)
+    monkeypatch.setitem(PROFILES, "quick", replace(PROFILES["quick"], transformer=tuple(tiny.items())))
     monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path))
     assert main(["run", "--profile", "quick", "--suite", "transformer", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -10,10 +10,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lengthgen_utils import evaluation, experiments, models, plots, positional, tasks, theory, training
-from lengthgen_utils.models import (RetrievalHead, Transformer, causal_attention, linear_attention,
-                                    masked_attention)
-from lengthgen_utils.positional import (LearnedAbsolutePE, apply_rope, rope_angles, rope_cos_sin,
+from lengthgen_utils import attention, configs, evaluation, models, plots, positional, profiles, tasks, theory, training
+from lengthgen_utils.attention import causal_attention, linear_attention, masked_attention
+from lengthgen_utils.models import RetrievalHead, Transformer
+from lengthgen_utils.positional import (LearnedAPE, RoPE, apply_rope, kernel_frequencies, rope_angles, rope_cos_sin,
                                         rope_inverse_frequencies)
 from lengthgen_utils.tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
 
@@ -121,8 +121,8 @@ def test_models_cast_to_low_precision_keep_float64_angles(dtype):
     torch.testing.assert_close(cos, angles.cos().to(dtype), rtol=0, atol=0)
     torch.testing.assert_close(sin, angles.sin().to(dtype), rtol=0, atol=0)
     head = RetrievalHead(8, 16, 32, "rope", max_len=4096).to(dtype)
-    q, k = head.query_key(1858)
-    q32, k32 = RetrievalHead(8, 16, 32, "rope", max_len=4096).query_key(1858)
+    q, k = head.queries_keys(torch.arange(1858))
+    q32, k32 = RetrievalHead(8, 16, 32, "rope", max_len=4096).queries_keys(torch.arange(1858))
     tol = 8 * torch.finfo(dtype).eps * float(k32.detach().abs().max())
     assert (k.float() - k32).abs().max() < tol
     model = Transformer(8, 1, 2, 64, "rope").to(dtype)  # d_head 32
@@ -139,7 +139,7 @@ def test_rope_base_changes_the_tables():
     ca, _ = rope_cos_sin(8, 64, 1e4)
     cb, _ = rope_cos_sin(8, 64, 5e5)
     assert (ca - cb).abs().max() > 1e-2
-    h1, h2 = RetrievalHead(8, 16, 64, rope_base=1e4), RetrievalHead(8, 16, 64, rope_base=5e5)
+    h1, h2 = RetrievalHead(8, 16, 64, RoPE(base=1e4)), RetrievalHead(8, 16, 64, RoPE(base=5e5))
     assert (h1.scores(12) - h2.scores(12)).abs().max() > 1e-4
 
 
@@ -159,17 +159,18 @@ def test_odd_d_head_fails_at_construction(build):
 @pytest.mark.parametrize("device", DEVICES)
 def test_ape_beyond_the_table_raises_before_any_lookup(device):
     """Case 5: 16 rows, a sequence of 17: ValueError naming 17 and 16, on CPU and CUDA; no clamp, zero row or wrap."""
-    pe = LearnedAbsolutePE(16, 4).to(device)
+    ape = LearnedAPE()
+    params = {name: t.to(device) for name, t in ape.init_parameters(1, 4, 16, 1, [gen(0)]).items()}
     with pytest.raises(ValueError, match=r"16 rows.*17"):
-        pe(torch.arange(17, device=device))
+        ape.embed(params, torch.arange(17))
     with pytest.raises(ValueError, match="16 rows"):
-        pe(torch.tensor([-1], device=device))  # no negative index wrapping to row 15
-    torch.testing.assert_close(pe(torch.tensor([15], device=device))[0, 0], pe.weight[0, 15])
+        ape.embed(params, torch.tensor([-1]))  # no negative index wrapping to row 15
+    torch.testing.assert_close(ape.embed(params, torch.tensor([15]))[0, 0], params["table"][0, 15])
     head = RetrievalHead(8, 16, 16, "ape", max_len=16).to(device)
     with pytest.raises(ValueError, match=r"16 rows.*17"):
         head(torch.zeros(1, 17, dtype=torch.long, device=device))
     with pytest.raises(ValueError, match="16 rows"):
-        head.query_key(4, position_shift=-1)
+        head.scores(4, position_shift=-1)
     model = Transformer(8, 1, 2, 16, "ape", max_len=16).to(device)
     with pytest.raises(ValueError, match=r"16 rows.*17"):
         model(torch.zeros(1, 17, dtype=torch.long, device=device))
@@ -199,7 +200,7 @@ def test_causal_mask_semantics():
 def test_boolean_and_additive_masks_agree_and_a_01_float_mask_is_rejected():
     """Case 6: a boolean mask and a 0/-inf additive mask give identical results; a float 0/1 mask is rejected."""
     q, k, v = (torch.randn(3, 5, 8, generator=gen(10 + i)) for i in range(3))
-    boolean = models.causal_mask(5)
+    boolean = attention.causal_mask(5)
     additive = torch.zeros(5, 5).masked_fill(~boolean, float("-inf"))
     a, wa = masked_attention(q, k, v, boolean, return_weights=True)
     b, wb = masked_attention(q, k, v, additive, return_weights=True)
@@ -213,7 +214,7 @@ def test_boolean_and_additive_masks_agree_and_a_01_float_mask_is_rejected():
     with pytest.raises(TypeError, match="mask"):
         masked_attention(q, k, v, boolean.long())
     with pytest.raises(ValueError, match="mask must have shape"):
-        masked_attention(q, k, v, models.causal_mask(4))
+        masked_attention(q, k, v, attention.causal_mask(4))
 
 
 # ---------------------------------------------------------------- case 7: linear attention
@@ -308,14 +309,14 @@ def test_extrapolation_lengths_are_strictly_longer_than_every_training_length():
             seen.append(seq_len)
             return super().sample(batch_size, seq_len, generator, device)
 
-    exp = experiments.RetrievalExperiment(steps=40, n_seeds=1)
+    exp = configs.RetrievalExperiment(steps=40, n_seeds=1)
     training.train(RetrievalHead(16, 8, 8), Recording(16, 3), steps=40, batch_size=4, train_len=exp.train_len,
                    device="cpu")
     assert max(seen) <= exp.train_len and min(seen) >= exp.offset + 2
     beyond = [L for L in exp.eval_lengths if L != exp.train_len]
     assert beyond and min(beyond) > max(seen)
     for name in ("quick", "default", "full"):
-        texp = experiments.transformer_experiment(experiments.get_profile(name))
+        texp = configs.transformer_experiment(profiles.get_profile(name))
         assert max(texp.eval_lengths) > texp.train_len
     acc = torch.full((1, 40), 0.5)
     counts = torch.ones(40)
@@ -332,12 +333,12 @@ def test_tasks_report_their_sample_space_and_training_cannot_memorize_it():
     assert tasks.RunningParity().sample_space_size(6) == 64
     assert tasks.Copy(4).sample_space_size(7) == 64  # n = 3 free tokens
     for name in ("quick", "default", "full"):
-        profile = experiments.get_profile(name)
-        exp = experiments.RetrievalExperiment.from_profile(profile)
+        profile = profiles.get_profile(name)
+        exp = configs.RetrievalExperiment.from_profile(profile)
         seen = exp.steps * exp.batch_size
         assert exp.task.sample_space_size(exp.train_len) > 1000 * seen
-        texp = experiments.transformer_experiment(profile)
-        assert texp.make_task().sample_space_size(texp.train_len) > 1000 * texp.steps * texp.batch_size
+        texp = configs.transformer_experiment(profile)
+        assert texp.task.sample_space_size(texp.train_len) > 1000 * texp.steps * texp.batch_size
 
 
 # ---------------------------------------------------------------- case 10: statistics in figures
@@ -371,7 +372,7 @@ def test_profiles_use_at_least_five_seeds_or_the_figures_say_so():
     """Case 10: the retrieval profiles train >= 5 seeds; the transformer profiles train fewer (cost), which
     :func:`plots.seed_note` writes into every accuracy figure's title."""
     for name in ("quick", "default", "full"):
-        assert experiments.get_profile(name).n_seeds >= 5
+        assert profiles.get_profile(name).n_seeds >= 5
     assert plots.seed_note("t", 3) == "t (3 seeds: fewer than 5)" and plots.seed_note("t", 5) == "t"
     assert plots.seed_note("copy, 3 seeds (mean)", 3) == "copy, 3 seeds (fewer than 5) (mean)"
     assert plots.seed_note("copy, 13 seeds", 3) == "copy, 13 seeds (3 seeds: fewer than 5)"
@@ -438,22 +439,17 @@ API = [
     ("rope_inverse_frequencies", rope_inverse_frequencies, dict(d_head=8, base=1e4), dict(d_head="size", base="real")),
     ("rope_cos_sin", rope_cos_sin, dict(seq_len=4, d_head=8, base=1e4), dict(seq_len="size", d_head="size",
                                                                              base="real")),
-    ("LearnedAbsolutePE", LearnedAbsolutePE, dict(max_len=4, d_model=2, n_models=1),
-     dict(max_len="size", d_model="size", n_models="size")),
-    ("RetrievalHead", RetrievalHead, dict(vocab_size=8, d_model=8, d_head=8, pe="rope", max_len=16, n_models=1,
-                                          rope_base=1e4),
-     dict(vocab_size="size", d_model="size", d_head="size", max_len="size", n_models="size", rope_base="real",
-          pe="name")),
-    ("RetrievalHead.ape", RetrievalHead, dict(vocab_size=8, d_model=8, d_head=8, pe="ape", max_len=16,
-                                              ape_init_std=0.02, rope_base=1e4),
-     dict(rope_base="real", ape_init_std="real_or_zero")),
-    ("RetrievalHead.query_key", lambda **kw: _head().query_key(**kw), dict(seq_len=4), dict(seq_len="size")),
+    ("LearnedAPE", LearnedAPE, dict(init_std=0.02), dict(init_std="real_or_zero")),
+    ("RoPE", RoPE, dict(base=1e4, interleaved=False), dict(base="real")),
+    ("RetrievalHead", RetrievalHead, dict(vocab_size=8, d_model=8, d_head=8, pe="rope", max_len=16, n_models=1),
+     dict(vocab_size="size", d_model="size", d_head="size", max_len="size", n_models="size", pe="name")),
+    ("RetrievalHead.scores", lambda **kw: _head().scores(**kw), dict(seq_len=4), dict(seq_len="size")),
     ("KernelHead", models.KernelHead, dict(vocab_size=8, d_head=8, rope_base=1e4, n_models=1),
      dict(vocab_size="size", d_head="size", rope_base="real", n_models="size")),
     ("Transformer", Transformer, dict(vocab_size=8, n_layers=1, n_heads=2, d_model=8, pe="rope", max_len=16,
-                                      n_models=1, rope_base=1e4, mlp_ratio=2),
+                                      n_models=1, mlp_ratio=2),
      dict(vocab_size="size", n_layers="size", n_heads="size", d_model="size", max_len="size", n_models="size",
-          rope_base="real", mlp_ratio="size", pe="name")),
+          mlp_ratio="size", pe="name")),
     ("train", lambda **kw: training.train(_head(), TASK, device="cpu", **kw),
      dict(steps=1, batch_size=2, lr=0.01, train_len=6, seed=0),
      dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed")),
@@ -468,7 +464,7 @@ API = [
      dict(lengths="lengths", n_samples="size", seed="seed", batch_size="size")),
     ("target_attention_mass", lambda **kw: evaluation.target_attention_mass(_head(), **kw),
      dict(offset=2, lengths=[6]), dict(offset="scalar", lengths="lengths")),
-    ("accuracy_with_logit_scale", lambda **kw: evaluation.accuracy_with_logit_scale(_head(), TASK, **kw),
+    ("accuracy_by_length(logit_scale)", lambda **kw: evaluation.accuracy_by_length(_head(), TASK, **kw),
      dict(lengths=[6], logit_scale=[1.0], n_samples=4, seed=0),
      dict(lengths="lengths", n_samples="size", seed="seed", logit_scale="scales")),
     ("squared_error_by_length", lambda **kw: evaluation.squared_error_by_length(models.KernelHead(8, 8), TASK, **kw),
@@ -479,28 +475,29 @@ API = [
      dict(seq_len="size", n_samples="size", seed="seed", batch_size="size")),
     ("split_accuracy", lambda **kw: evaluation.split_accuracy(torch.ones(1, 4), torch.ones(4), **kw),
      dict(train_len=2), dict(train_len="size")),
-    ("RetrievalExperiment", experiments.RetrievalExperiment,
+    ("RetrievalExperiment", configs.RetrievalExperiment,
      dict(vocab_size=8, offset=2, train_len=8, d_model=8, d_head=8, n_seeds=1, steps=1, batch_size=2,
           eval_samples=2, length_multiples=(1, 2), lr=0.01),
      dict(vocab_size="size", offset="size", train_len="size", d_model="size", d_head="size", n_seeds="size",
           steps="size", batch_size="size", eval_samples="size", length_multiples="lengths", lr="real", pe="name")),
-    ("RetrievalSweep", experiments.RetrievalSweep,
+    ("RetrievalSweep", configs.RetrievalSweep,
      dict(offsets=(1, 2), vocab_size=8, train_len=8, d_model=8, d_head=8, n_seeds=1, steps=1, batch_size=2,
           eval_samples=2, lr=0.01),
      dict(offsets="lengths", vocab_size="size", train_len="size", d_model="size", d_head="size", n_seeds="size",
           steps="size", batch_size="size", eval_samples="size", lr="real")),
-    ("TransformerExperiment", experiments.TransformerExperiment,
-     dict(vocab_size=8, offsets=(2,), train_len=8, eval_lengths=(8, 16), n_layers=1, n_heads=2, d_model=8,
+    ("TransformerExperiment", configs.TransformerExperiment,
+     dict(task=DelayedCopy(8, 2), train_len=8, eval_lengths=(8, 16), n_layers=1, n_heads=2, d_model=8,
           batch_size=2, steps=1, n_seeds=1, eval_samples=2, lr=0.01),
-     dict(vocab_size="size", offsets="lengths", train_len="size", eval_lengths="lengths", n_layers="size",
+     dict(task="object", train_len="size", eval_lengths="lengths", n_layers="size",
           n_heads="size", d_model="size", batch_size="size", steps="size", n_seeds="size", eval_samples="size",
           lr="real", pe="name")),
     ("log_length_scale", theory.log_length_scale, dict(lengths=[8, 16], train_len=8),
      dict(lengths="lengths", train_len="size")),
-    ("training_offsets", theory.training_offsets, dict(train_len=8, offset=2), dict(train_len="size", offset="size")),
-    ("min_norm_interpolant", theory.min_norm_interpolant, dict(train_offsets=[-2], target_offset=2, d_head=8),
-     dict(target_offset="size", d_head="size")),
-    ("kernel_frequencies", theory.kernel_frequencies, dict(d_head=8, base=1e4), dict(d_head="size", base="real")),
+    ("trained_relative_positions", theory.trained_relative_positions, dict(train_len=8, offset=2),
+     dict(train_len="size", offset="size")),
+    ("min_norm_interpolant", theory.min_norm_interpolant, dict(trained=[-2], offset=2, d_head=8),
+     dict(offset="size", d_head="size")),
+    ("kernel_frequencies", kernel_frequencies, dict(d_head=8, base=1e4), dict(d_head="size", base="real")),
 ]
 
 NOT_INT = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3), st.none(),
@@ -517,7 +514,8 @@ BAD = {
                                                                          max_size=3),
                          st.lists(st.floats(allow_nan=True), min_size=1, max_size=2)),
     "scales": st.one_of(st.just(["x"]), st.just([float("nan")]), st.just([-1.0]), st.just([]), st.none()),
-    "name": st.one_of(st.text(max_size=4).filter(lambda s: s not in ("rope", "ape", "nope")), st.none(), st.just(3)),
+    "name": st.one_of(st.text(max_size=4).filter(lambda s: s not in positional.ENCODINGS), st.none(), st.just(3)),
+    "object": st.one_of(st.text(max_size=3), st.none(), st.just(3)),
 }
 
 
@@ -553,8 +551,8 @@ def test_public_api_accepts_its_valid_example(name, fn, valid, kinds):
     (lambda: training.train(_head(), FixedOffsetRetrieval(8, 5), steps=1, train_len=6, device="cpu"), "train_len"),
     (lambda: training.train_sequence(_transformer(), DelayedCopy(8, 6), steps=1, train_len=6, device="cpu"),
      "train_len"),
-    (lambda: theory.training_offsets(6, 5), "train_len"),
-    (lambda: experiments.RetrievalExperiment(offset=15, train_len=16), "train_len"),
+    (lambda: theory.trained_relative_positions(6, 5), "train_len"),
+    (lambda: configs.RetrievalExperiment(offset=15, train_len=16), "train_len"),
     (lambda: _head().select(1), "index"),
     (lambda: apply_rope(torch.ones(4, 8), torch.arange(5)), "positions"),
     (lambda: apply_rope(torch.ones(4, 8), torch.arange(4.0)), "positions"),

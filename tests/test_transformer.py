@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from lengthgen_utils.analysis import head_offset_profiles, shift_invariance
+from lengthgen_utils.attention import causal_attention
+from lengthgen_utils.configs import TransformerExperiment
 from lengthgen_utils.evaluation import split_accuracy, token_accuracy_by_position
-from lengthgen_utils.experiments import TransformerExperiment
-from lengthgen_utils.models import Transformer, causal_attention
+from lengthgen_utils.models import Transformer
+from lengthgen_utils.probes import head_offset_profiles, shift_invariance
 from lengthgen_utils.tasks import IGNORE_INDEX, Copy, DelayedCopy, LaggedSum, RunningParity
 from lengthgen_utils.training import sequence_cross_entropy, train_sequence
 
@@ -135,9 +136,12 @@ def test_loss_ignores_undefined_positions():
 class ConstantPredictor(torch.nn.Module):
     """Always predicts class 0 (a model that has learned nothing but a bias)."""
 
-    n_models, ape, device = 1, None, torch.device("cpu")
+    n_models, device = 1, torch.device("cpu")
 
-    def forward(self, tokens):
+    def check_positions(self, positions):
+        """A constant predictor covers every position."""
+
+    def forward(self, tokens, validate=True):
         logits = torch.zeros(1, *tokens.shape, 16)
         logits[..., 0] = 1.0
         return logits
@@ -163,6 +167,9 @@ def test_rope_transformer_learns_delayed_copy_and_its_copying_head_peaks_at_the_
     assert (torch.nan_to_num(weight[0, 0], nan=-1).argmax(-1) == 3).any()
 
 
-def test_experiment_rejects_unknown_task():
-    with pytest.raises(ValueError, match="task"):
+def test_experiment_holds_a_task_object_and_rejects_a_name():
+    with pytest.raises(TypeError, match="task"):
         TransformerExperiment(task="reverse")
+    exp = TransformerExperiment(task=LaggedSum(16, 2, 5), eval_lengths=[32, 64])  # a list is stored as a tuple
+    assert exp.eval_lengths == (32, 64) and hash(exp) == hash(TransformerExperiment(task=LaggedSum(16, 2, 5),
+                                                                                   eval_lengths=(32, 64)))

@@ -13,13 +13,11 @@ import pytest
 import torch
 
 from lengthgen_utils import plots
-from lengthgen_utils.experiments import (
-    Profile,
-    RetrievalExperiment,
-    RetrievalSweep,
-    run_offset_sweep,
-)
+from lengthgen_utils.configs import RetrievalExperiment, RetrievalSweep
 from lengthgen_utils.models import RetrievalHead
+from lengthgen_utils.positional import LearnedAPE
+from lengthgen_utils.profiles import Profile
+from lengthgen_utils.runners import run_offset_sweep
 from lengthgen_utils.tasks import FixedOffsetRetrieval
 from lengthgen_utils.training import train
 from lengthgen_utils.widgets import RetrievalExplorer
@@ -105,7 +103,7 @@ def test_train_length_slider_moves_the_evaluation_grid():
 
 
 @pytest.mark.parametrize("kwargs, error", [
-    (dict(offset=0), ValueError), (dict(eval_len=100), ValueError), (dict(pe="alibi"), ValueError),
+    (dict(offset=0), ValueError), (dict(eval_len=100), ValueError), (dict(pe="alibi-typo"), ValueError),
     (dict(train_len=7), ValueError), (dict(n_seeds=0), ValueError), (dict(offset=2.0), TypeError),
 ])
 def test_bad_initial_values_are_refused(kwargs, error):
@@ -165,13 +163,13 @@ def test_offset_sweep_is_one_ensemble_with_matching_seeds():
 
 def test_offset_sweep_carries_every_field_of_the_experiment():
     # the APE init scale, the table size and the shortest training length all reach the trained ensemble
-    exp = RetrievalExperiment(pe="ape", n_seeds=2, steps=3, batch_size=8, eval_samples=8,
-                              length_multiples=(1, 2, 4), ape_init_std=0.5, max_len=40, min_train_len=10)
+    exp = RetrievalExperiment(pe=LearnedAPE(init_std=0.5), n_seeds=2, steps=3, batch_size=8, eval_samples=8,
+                              length_multiples=(1, 2, 4), max_len=40, min_train_len=10)
     sweep = RetrievalSweep.of_experiment(exp, (1, 3))
-    assert sweep.experiment("ape", 3) == replace(exp, offset=3) and sweep.table_len == 40
+    assert sweep.experiment(exp.pe, 3) == replace(exp, offset=3) and sweep.table_len == 40
     r = run_offset_sweep(exp, offsets=(1, 3), cache=False)
     assert r.lengths == [16, 32] and r.accuracy.shape == (4, 2)
-    table = r.model.ape.weight.detach()
+    table = r.model.pe_params["table"].detach()
     assert table.shape[-2] == 40
     unseen = table[..., 16:, :]  # rows no training sequence reaches keep their initialisation
     assert 0.4 < float(unseen.std()) < 0.6, float(unseen.std())

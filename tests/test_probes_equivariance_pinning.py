@@ -1,13 +1,15 @@
-"""Tests of the chapter 2 (equivariance) and chapter 3 (pinning) analyses in ``lengthgen_utils.analysis``."""
+"""Tests of the chapter 2 (equivariance) and chapter 3 (pinning) probes in ``lengthgen_utils.probes``."""
 import math
 
 import pytest
 import torch
 
-from lengthgen_utils import analysis as A
-from lengthgen_utils.experiments import RetrievalExperiment, build_model
+from lengthgen_utils import probes as A
+from lengthgen_utils.configs import RetrievalExperiment
+from lengthgen_utils.evaluation import target_attention_mass
 from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import rope_angles
+from lengthgen_utils.positional import LearnedAPE, rope_angles
+from lengthgen_utils.runners import build_model
 from lengthgen_utils.tasks import FixedOffsetRetrieval
 from lengthgen_utils.training import train
 
@@ -25,7 +27,7 @@ def test_position_logits_last_row_is_the_models_score_row(pe):
 
 def test_rope_position_logits_are_constant_along_diagonals_ape_are_not():
     rope = RetrievalHead(pe="rope", n_models=2)
-    ape = RetrievalHead(pe="ape", n_models=2, ape_init_std=0.5)
+    ape = RetrievalHead(pe=LearnedAPE(init_std=0.5), n_models=2)
     assert (A.diagonal_spread(A.position_logits(rope, 40)) < 1e-5).all()
     assert (A.diagonal_spread(A.position_logits(ape, 40)) > 0.1).all()
 
@@ -44,7 +46,7 @@ def test_rope_shift_difference_is_float32_small_at_huge_shifts_and_ape_is_not():
     assert d.shape == (4, 4)
     assert (d[:, 0] == 0).all()
     assert d.max() < 1e-4
-    ape = RetrievalHead(pe="ape", n_models=4, max_len=256, ape_init_std=0.5)
+    ape = RetrievalHead(pe=LearnedAPE(init_std=0.5), n_models=4, max_len=256)
     assert (A.shift_logit_difference(ape, 16, [1, 100]) > 1e-2).all()
     with pytest.raises(ValueError, match="APE table"):
         A.shift_logit_difference(ape, 16, [241])
@@ -53,7 +55,7 @@ def test_rope_shift_difference_is_float32_small_at_huge_shifts_and_ape_is_not():
 def test_shared_offset_difference():
     rope = RetrievalHead(pe="rope", n_models=3)
     assert (A.shared_offset_difference(rope, 16, 256) < 1e-4).all()
-    ape = RetrievalHead(pe="ape", n_models=3, ape_init_std=0.5)
+    ape = RetrievalHead(pe=LearnedAPE(init_std=0.5), n_models=3)
     assert (A.shared_offset_difference(ape, 16, 64) > 1e-2).all()
     with pytest.raises(ValueError, match="long_len"):
         A.shared_offset_difference(rope, 16, 8)
@@ -61,8 +63,7 @@ def test_shared_offset_difference():
 
 def test_angles_in_float64_match_rope_angles_and_float16_is_wrong_by_order_one():
     pos = torch.arange(0, 5000)
-    torch.testing.assert_close(A.rope_angles_in_dtype(pos, 16, dtype=torch.float64), rope_angles(pos, 16),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(rope_angles(pos, 16, dtype=torch.float64), rope_angles(pos, 16), rtol=0, atol=0)
     assert A.rope_angle_error(torch.arange(0, 256), 16, dtype=torch.float32).max() < 1e-4
     err16 = A.rope_angle_error(torch.arange(1000, 5000), 16, dtype=torch.float16).amax(-1)
     errbf = A.rope_angle_error(torch.arange(1000, 5000), 16, dtype=torch.bfloat16).amax(-1)
@@ -74,40 +75,40 @@ def test_angles_in_float64_match_rope_angles_and_float16_is_wrong_by_order_one()
 
 def test_angles_reject_overflow_and_bad_dtype():
     with pytest.raises(ValueError, match="overflow"):
-        A.rope_angles_in_dtype(torch.tensor([70000]), 16, dtype=torch.float16)
-    with pytest.raises(ValueError, match="dtype"):
-        A.rope_angles_in_dtype(torch.tensor([1]), 16, dtype=torch.int32)
+        rope_angles(torch.tensor([70000]), 16, dtype=torch.float16)
+    with pytest.raises(TypeError, match="dtype"):
+        rope_angles(torch.tensor([1]), 16, dtype=torch.int32)
     with pytest.raises(TypeError, match="positions"):
-        A.rope_angles_in_dtype(torch.tensor([1.0]), 16)
+        rope_angles(torch.tensor([1.0]), 16)
 
 
 def test_low_precision_angles_break_the_trained_shift_invariance():
     rope = RetrievalHead(pe="rope", n_models=2)
     exact = A.position_logits(rope, 16, position_shift=3000)
-    half = A.position_logits(rope, 16, position_shift=3000, angle_dtype=torch.float16)
+    half = A.position_logits(rope, 16, position_shift=3000, angle_dtype="float16")
     assert (exact - A.position_logits(rope, 16)).abs().max() < 1e-4
     assert (half - exact).abs().max() > 1e-2
 
 
 def test_target_attention_is_a_weight():
     model = RetrievalHead(pe="nope", n_models=2)
-    a = A.target_attention(model, [8, 32], offset=3)
+    a = target_attention_mass(model, 3, [8, 32])
     torch.testing.assert_close(a, torch.tensor([[1 / 8, 1 / 32]] * 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="lengths"):
-        A.target_attention(model, [3], offset=3)
+        target_attention_mass(model, 3, [3])
 
 
 # --- pinning (chapter 3)
 def _ape(max_len=64, n_models=3, std=0.02):
-    return RetrievalHead(pe="ape", n_models=n_models, max_len=max_len, ape_init_std=std)
+    return RetrievalHead(pe=LearnedAPE(init_std=std), n_models=n_models, max_len=max_len)
 
 
 def test_attention_argmax_histogram_and_pinned_position():
     model = _ape()
     with torch.no_grad():  # make key position 5 win at every length: a big key along the query
-        q = torch.einsum("md,mdh->mh", model.u, model.w_q)
-        direction = torch.linalg.lstsq(model.w_k.transpose(1, 2), q[..., None]).solution[..., 0]
-        model.ape.weight[:, 5] = 50 * direction
+        q = torch.einsum("md,mhd->mh", model.u, model.w_q)
+        direction = torch.linalg.lstsq(model.w_k, q[..., None]).solution[..., 0]
+        model.pe_params["table"][:, 5] = 50 * direction
     lengths = list(range(16, 65))
     argmax = A.attention_argmax(model, lengths)
     assert argmax.shape == (3, len(lengths)) and (argmax == 5).all()
@@ -141,14 +142,14 @@ def test_training_leaves_unseen_rows_at_init_unless_weight_decay(weight_decay, u
     assert bool((drift[:, 12:] > 0).all()) is unseen_changes
     assert bool((drift[:, 12:] == 0).all()) is (not unseen_changes)
     if unseen_changes:  # decoupled decay shrinks an untouched row by exactly (1 - lr wd) per step
-        ratio = model.ape.weight[:, 12:] / initial.ape.weight[:, 12:]
+        ratio = model.pe_params['table'][:, 12:] / initial.pe_params['table'][:, 12:]
         torch.testing.assert_close(ratio, torch.full_like(ratio, (1 - 1e-2 * 0.1) ** 20), rtol=1e-5, atol=1e-5)
 
 
 def test_table_size_does_not_change_the_shared_rows_of_the_init():
     a = build_model(RetrievalExperiment(pe="ape", n_seeds=2, max_len=64))
     b = build_model(RetrievalExperiment(pe="ape", n_seeds=2, max_len=256))
-    assert torch.equal(a.ape.weight, b.ape.weight[:, :64])
+    assert torch.equal(a.pe_params['table'], b.pe_params['table'][:, :64])
     assert RetrievalExperiment(pe="ape", max_len=64).eval_lengths == [16, 32, 64]
     with pytest.raises(ValueError, match="max_len"):
         RetrievalExperiment(pe="ape", max_len=8)
@@ -165,14 +166,14 @@ def test_query_similarity():
 
 
 def test_position_attention_rows_are_causal_softmax_and_last_row_is_the_models():
-    model = RetrievalHead(pe="ape", n_models=2, max_len=32, ape_init_std=0.5)
+    model = RetrievalHead(pe=LearnedAPE(init_std=0.5), n_models=2, max_len=32)
     a = A.position_attention(model, 12)
     assert a.shape == (2, 12, 12)
     torch.testing.assert_close(a.sum(-1), torch.ones(2, 12))
     assert (a.triu(1) == 0).all()
     torch.testing.assert_close(a[:, -1], model.attention_row(12))
-    with pytest.raises(ValueError, match="softmax"):
-        A.position_attention(RetrievalHead(pe="rope", attention="linear"), 8)
+    linear = RetrievalHead(pe="rope", attention="linear", n_models=2)  # raw scores on and below the diagonal
+    torch.testing.assert_close(A.position_attention(linear, 8), A.position_logits(linear, 8).tril())
 
 
 # --- figures of chapters 2 and 3

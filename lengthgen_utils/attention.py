@@ -1,0 +1,276 @@
+"""Attention primitives: masks, scores and the ways of turning scores into weights (one place for numerics).
+
+Every model of the book forms its attention here:
+
+* :func:`attention_scores`: ``q k^T / sqrt(d_head)``, the scale applied *before* the product and
+  low-precision inputs computed in float32, so float16 never overflows on its way to a logit;
+* :func:`row_weights`: the single head's choice of normaliser (``softmax``, or ``linear``: the
+  raw scores, chapter 6's control), from the registry :data:`ROW_WEIGHTS`;
+* :func:`masked_attention` / :func:`causal_attention`: softmax attention under a mask, with an
+  optional additive score bias (ALiBi and other relative biases act there);
+* :func:`linear_attention`: causal linear attention in O(L).
+
+Low precision (float16, bfloat16): scores, softmax and normalisers are computed in float32 and the
+result is cast back to the input dtype, so a half-precision call matches the float32 one to the
+dtype's rounding. Source: Vaswani et al. 2017, eq. (1); Katharopoulos et al. 2020 (linear attention).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._validate import check_int
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores are formed in: float32 for half-precision inputs, else the input's."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def check_qkv(q, k, v=None) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``q, k`` (and ``v``) are floating tensors ``[..., L, d]`` that fit.
+
+    Queries and keys must share their dtype and ``d_head``; keys and values their leading shape.
+    """
+    named = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
+    for name, t in named:
+        if not isinstance(t, Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point torch.Tensor [..., L, d]; "
+                            f"got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.dim() < 2 or t.shape[-2] < 1 or t.shape[-1] < 1:
+            raise ValueError(f"{name} must have shape [..., L, d] with L >= 1 and d >= 1; got {tuple(t.shape)}")
+    if q.dtype != k.dtype or (v is not None and v.dtype != q.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}"
+                        + (f", v {v.dtype}" if v is not None else ""))
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share d_head; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if v is not None and k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must share [..., L]; got k {tuple(k.shape)} and v {tuple(v.shape)}")
+
+
+def attention_scores(q: Tensor, k: Tensor) -> Tensor:
+    """Scaled dot-product logits ``s = q k^T / sqrt(d_head)``.
+
+    Args:
+        q: ``[..., L_q, d_head]``; k: ``[..., L_k, d_head]`` (same dtype).
+
+    Returns:
+        ``[..., L_q, L_k]`` in float32 for float16/bfloat16 inputs, else in the inputs' dtype.
+        The scale multiplies ``q`` before the product, and half-precision inputs are multiplied
+        in float32, so no intermediate exceeds the final logit.
+
+    Raises:
+        TypeError / ValueError: see :func:`check_qkv`.
+
+    Source: Vaswani et al. 2017, eq. (1).
+    """
+    check_qkv(q, k)
+    dtype = _compute_dtype(q.dtype)
+    return (q.to(dtype) * (1.0 / math.sqrt(q.shape[-1]))) @ k.to(dtype).transpose(-1, -2)
+
+
+# ---------------------------------------------------------------- the single head's normaliser
+def _softmax(scores: Tensor) -> Tensor:
+    return scores.to(_compute_dtype(scores.dtype)).softmax(-1).to(scores.dtype)
+
+
+def _linear(scores: Tensor) -> Tensor:
+    return scores
+
+
+ROW_WEIGHTS = {
+    "softmax": _softmax,  # a_j = exp(s_j) / sum_i exp(s_i)
+    "linear": _linear,  # a_j = s_j: no exponential, no normaliser (chapter 6's control)
+}
+"""How the single retrieval head turns its logits ``[..., L]`` into attention weights (chapter 6 compares them)."""
+
+
+def check_attention(attention: str) -> str:
+    """Return ``attention`` if it names a normaliser of :data:`ROW_WEIGHTS`, else raise ``ValueError``."""
+    if not isinstance(attention, str) or attention not in ROW_WEIGHTS:
+        raise ValueError(f"attention must be one of {tuple(ROW_WEIGHTS)}; got {attention!r}")
+    return attention
+
+
+def row_weights(scores: Tensor, attention: str = "softmax") -> Tensor:
+    """Attention weights ``[..., L]`` of logits ``[..., L]`` over the keys a query sees (see :data:`ROW_WEIGHTS`)."""
+    return ROW_WEIGHTS[check_attention(attention)](scores)
+
+
+# ---------------------------------------------------------------- masks and softmax attention
+def causal_mask(seq_len: int, device=None) -> Tensor:
+    """Boolean causal mask ``[L, L]``: entry ``(i, j)`` is True iff ``j <= i`` (query i sees keys 0..i)."""
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+
+
+def additive_mask(mask: Tensor, q_len: int, k_len: int, dtype: torch.dtype) -> Tensor:
+    """The additive (0 / -inf) form of an attention mask, after checking it.
+
+    Two forms are accepted, and nothing else:
+
+    * **boolean**: ``True`` = the query may attend to the key, ``False`` = it may not;
+    * **additive float**: every entry is exactly ``0`` (attend) or ``-inf`` (do not attend).
+
+    A float mask of 0/1 (a common mistake: it reads like a boolean mask but, added to
+    the logits, it masks nothing) or any other bias is rejected.
+
+    Args:
+        mask: ``[L_q, L_k]`` or broadcastable to ``[..., L_q, L_k]``.
+        q_len, k_len: ``L_q``, ``L_k``.
+        dtype: floating dtype of the returned bias.
+
+    Returns:
+        ``[..., L_q, L_k]`` tensor of ``dtype`` holding 0 and -inf.
+
+    Raises:
+        TypeError: ``mask`` is not a bool or floating tensor.
+        ValueError: wrong trailing shape, a float entry other than 0 / -inf, or a query row
+            that may attend to no key (its softmax would be NaN).
+    """
+    if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
+        raise TypeError("mask must be a bool tensor (True = attend) or a float tensor of 0 / -inf (added to "
+                        f"the logits); got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if mask.dim() < 2 or mask.shape[-2:] != (q_len, k_len):
+        raise ValueError(f"mask must have shape [..., L_q={q_len}, L_k={k_len}]; got {tuple(mask.shape)}")
+    if mask.dtype == torch.bool:
+        allowed = mask
+    else:
+        ok = (mask == 0) | (mask == float("-inf"))
+        if not bool(ok.all()):
+            bad = mask[~ok].flatten()[:3].tolist()
+            raise ValueError("a float mask must hold only 0 (attend) and -inf (do not attend), the additive form; "
+                             f"got values such as {bad}. For a 0/1 mask pass mask.bool() (True = attend).")
+        allowed = mask == 0
+    if not bool(allowed.any(-1).all()):
+        raise ValueError("mask leaves a query with no key to attend to (its softmax would be NaN)")
+    return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, float("-inf"))
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, return_weights: bool = False,
+                     bias: Tensor | None = None):
+    """Softmax attention ``softmax(q k^T / sqrt(d_head) + bias + mask) v`` under an explicit mask.
+
+    Args:
+        q: ``[..., L_q, d_head]``; k: ``[..., L_k, d_head]``; v: ``[..., L_k, d_v]``.
+        mask: boolean (``True`` = attend) or additive float (0 / -inf), ``[L_q, L_k]`` or
+            broadcastable to ``[..., L_q, L_k]``; see :func:`additive_mask`. The two forms of
+            the same mask give identical results.
+        return_weights: also return the weights ``[..., L_q, L_k]``.
+        bias: an optional finite score bias broadcastable to ``[..., L_q, L_k]`` (e.g. ALiBi's).
+
+    Returns:
+        output ``[..., L_q, d_v]`` (and the weights, if asked), in the inputs' dtype; half-precision
+        inputs are computed in float32.
+
+    Raises:
+        TypeError / ValueError: see :func:`additive_mask` and :func:`check_qkv`.
+
+    Source: Vaswani et al. 2017, eq. (1).
+    """
+    check_qkv(q, k, v)
+    scores = attention_scores(q, k)
+    scores = scores + additive_mask(mask, q.shape[-2], k.shape[-2], scores.dtype).to(q.device)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    weights = scores.softmax(-1)
+    out = (weights @ v.to(weights.dtype)).to(v.dtype)
+    weights = weights.to(q.dtype)
+    return (out, weights) if return_weights else out
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = False, bias: Tensor | None = None):
+    """Causal softmax attention, query ``i`` sees keys ``0 .. i``, with an optional additive score bias.
+
+    Args:
+        q, k, v: ``[..., L, d_head]``.
+        return_weights: also return the attention weights ``[..., L, L]``: the explicit path,
+            :func:`masked_attention` with :func:`causal_mask`; otherwise torch's fused
+            ``scaled_dot_product_attention`` (the same function up to float rounding).
+        bias: an optional score bias broadcastable to ``[..., L, L]`` (added after the scaling).
+
+    Returns:
+        output ``[..., L, d_head]`` (and weights, if asked).
+
+    Source: Vaswani et al. 2017, eq. (1), with a causal mask.
+    """
+    check_qkv(q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal attention needs as many queries as keys; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    seq_len = q.shape[-2]
+    if return_weights or q.dtype in LOW_PRECISION:
+        return masked_attention(q, k, v, causal_mask(seq_len, q.device), return_weights=return_weights, bias=bias)
+    if bias is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mask = torch.zeros(seq_len, seq_len, dtype=q.dtype, device=q.device).masked_fill(
+        ~causal_mask(seq_len, q.device), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype) + mask)
+
+
+# ---------------------------------------------------------------- linear attention
+LINEAR_FEATURE_MAPS = ("elu+1", "identity")
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, normalize: bool = True, feature_map="elu+1") -> Tensor:
+    """Causal linear attention in O(L) time through cumulative sums.
+
+    With features ``phi``, output ``t`` is
+
+        unnormalised:  o_t = sum_{j<=t} (phi(q_t) . phi(k_j)) v_j
+        normalised:    o_t = sum_{j<=t} w_tj v_j,   w_tj = phi(q_t) . phi(k_j) / sum_{i<=t} phi(q_t) . phi(k_i)
+
+    computed as ``phi(q_t)^T S_t`` with ``S_t = sum_{j<=t} phi(k_j) v_j^T`` (a running sum).
+    The normalised form is evaluated as ``v_0 + sum_j w_tj (v_j - v_0)`` (the same value,
+    since the weights sum to 1 and every query sees key 0), so constant values come
+    back *exactly*. The default feature map ``elu(x) + 1`` is positive, so the
+    normaliser never vanishes (Katharopoulos et al. 2020). The unnormalised form with the
+    identity map is the raw-logit control of chapter 6. Half-precision inputs are computed
+    in float32 (the running sums would otherwise overflow) and the output cast back.
+
+    Args:
+        q, k: ``[..., L, d_head]``; v: ``[..., L, d_v]``.
+        normalize: divide by the running normaliser (True) or not.
+        feature_map: ``"elu+1"``, ``"identity"`` or a callable ``[..., L, d] -> [..., L, d']``.
+
+    Returns:
+        ``[..., L, d_v]`` in the inputs' dtype; output ``t`` depends on positions ``0 .. t`` only.
+
+    Raises:
+        TypeError / ValueError: bad tensors or feature map; ``normalize=True`` with a
+            normaliser that is not positive at some position (the output would be inf/NaN).
+
+    Source: Katharopoulos et al. 2020, *Transformers are RNNs*, eq. (4)-(9).
+    """
+    check_qkv(q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal attention needs as many queries as keys; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool; got {type(normalize).__name__} {normalize!r}")
+    if feature_map == "elu+1":
+        phi = lambda x: F.elu(x) + 1  # noqa: E731
+    elif feature_map == "identity":
+        phi = lambda x: x  # noqa: E731
+    elif callable(feature_map):
+        phi = feature_map
+    else:
+        raise ValueError(f"feature_map must be one of {LINEAR_FEATURE_MAPS} or a callable; got {feature_map!r}")
+    out_dtype, dtype = v.dtype, _compute_dtype(q.dtype)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    fq, fk = phi(q), phi(k)
+    v_first = v[..., :1, :]
+    if normalize:
+        v = v - v_first
+    state = torch.cumsum(fk[..., :, None] * v[..., None, :], dim=-3)  # S_t: [..., L, d', d_v]
+    out = torch.einsum("...lf,...lfe->...le", fq, state)
+    if not normalize:
+        return out.to(out_dtype)
+    denom = (fq * torch.cumsum(fk, dim=-2)).sum(-1, keepdim=True)  # [..., L, 1]
+    if not bool((denom > 0).all()):
+        raise ValueError("the linear-attention normaliser is not positive at some position; use a positive "
+                         "feature map (e.g. 'elu+1') with normalize=True")
+    return (v_first + out / denom).to(out_dtype)

@@ -1,0 +1,298 @@
+"""Experiment configurations: frozen dataclasses that say exactly what is trained and evaluated.
+
+Each configuration is hashable and describes itself completely, so it keys the results cache
+(:func:`~lengthgen_utils.cache.load_or_run`). Configurations hold their task and their position
+encoding as objects (:mod:`~lengthgen_utils.tasks`, :mod:`~lengthgen_utils.positional`); a
+registered encoding name is accepted and looked up at construction. Sequence fields accept lists
+and are stored as tuples.
+
+The defaults are the book's reconstruction of the paper's setups (arXiv 2607.18759; only its
+abstract is available): chapter 1 for the single head, chapter 7 for the transformer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+from ._validate import check_fits, check_int, check_int_sequence, check_positive_float, normalize_sequence
+from .attention import check_attention
+from .positional import Encoding, RoPE, get_encoding
+from .profiles import Profile
+from .tasks import DelayedCopy, FixedOffsetRetrieval, Task
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """What every ensemble experiment has: how many models, how they are trained, how much they are evaluated.
+
+    Fields:
+        n_seeds: models in the ensemble (initialisation seeds ``0 .. n_seeds-1``).
+        steps, batch_size: training steps and sequences per step.
+        lr, weight_decay: AdamW settings.
+        eval_samples: fresh sequences per evaluation length.
+        data_seed: seed of the training stream.
+    """
+
+    n_seeds: int = 5
+    steps: int = 500
+    batch_size: int = 256
+    lr: float = 1e-2
+    weight_decay: float = 0.0
+    eval_samples: int = 512
+    data_seed: int = 0
+
+    def _check_training(self, **sizes) -> None:
+        """Raise ``ValueError``/``TypeError`` naming the first bad field: these fields, and the int fields
+        ``sizes`` names with their minimum."""
+        for name, minimum in dict(n_seeds=1, steps=1, batch_size=1, eval_samples=1, data_seed=0, **sizes).items():
+            check_int(name, getattr(self, name), minimum=minimum)
+        check_positive_float("lr", self.lr)
+        check_positive_float("weight_decay", self.weight_decay, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class SingleHeadSettings(TrainingSettings):
+    """What one single-head ensemble (:class:`RetrievalExperiment`) and a sweep of them
+    (:class:`RetrievalSweep`) share: the :class:`TrainingSettings`, task and model sizes, and lengths.
+
+    Fields (beyond :class:`TrainingSettings`):
+        vocab_size: V content tokens.
+        train_len: longest training length (tokens).
+        fixed_length: train at ``train_len`` only, instead of lengths uniform in ``[min_train_len, train_len]``.
+        d_model, d_head: model sizes.
+        length_multiples: evaluation lengths are ``train_len`` times each.
+        max_len: positions the encoding covers (rows of an APE table); ``None`` = the longest evaluation length.
+        min_train_len: shortest training length; ``None`` = the (largest) offset + 2.
+    """
+
+    vocab_size: int = 16
+    train_len: int = 16
+    fixed_length: bool = False
+    d_model: int = 32
+    d_head: int = 16
+    length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
+    max_len: int | None = None
+    min_train_len: int | None = None
+
+    def _check_settings(self, largest_offset: int) -> None:
+        """Raise ``ValueError``/``TypeError`` naming the first bad field (called by the subclasses' ``__post_init__``)."""
+        check_int("train_len", self.train_len, minimum=largest_offset + 2)
+        self._check_training(vocab_size=2, d_model=1, d_head=2)
+        if not isinstance(self.fixed_length, bool):
+            raise TypeError(f"fixed_length must be a bool; got {self.fixed_length!r}")
+        normalize_sequence(self, "length_multiples", minimum=1)
+        if self.min_train_len is not None:
+            check_int("min_train_len", self.min_train_len, minimum=largest_offset + 2, maximum=self.train_len)
+        if self.max_len is not None:
+            check_int("max_len", self.max_len, minimum=self.train_len * min(self.length_multiples))
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        """``train_len`` times each length multiple, up to ``max_len`` when it is set."""
+        lengths = [self.train_len * m for m in self.length_multiples]
+        return lengths if self.max_len is None else [L for L in lengths if L <= self.max_len]
+
+    @property
+    def table_len(self) -> int:
+        """Positions the encoding covers: ``max_len`` when set, else the longest evaluation length."""
+        return self.max_len if self.max_len is not None else max(self.eval_lengths)
+
+    @staticmethod
+    def _profile_overrides(profile: Profile) -> dict:
+        return dict(n_seeds=profile.n_seeds, steps=profile.steps, batch_size=profile.batch_size,
+                    eval_samples=profile.eval_samples, length_multiples=profile.length_multiples)
+
+
+@dataclass(frozen=True)
+class RetrievalExperiment(SingleHeadSettings):
+    """One ensemble of single-head models trained on fixed-offset retrieval: the shared
+    :class:`SingleHeadSettings` plus the position encoding, the attention normaliser and the offset."""
+
+    pe: Encoding = field(default_factory=RoPE)
+    attention: str = "softmax"
+    offset: int = 3
+
+    def __post_init__(self):
+        object.__setattr__(self, "pe", get_encoding(self.pe))
+        check_attention(self.attention)
+        self._check_settings(check_int("offset", self.offset, minimum=1))
+        self.pe.check(self.d_head, 1)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **overrides) -> "RetrievalExperiment":
+        """The experiment with a profile's compute settings and any field overridden."""
+        return cls(**{**cls._profile_overrides(profile), **overrides})
+
+    @property
+    def task(self) -> FixedOffsetRetrieval:
+        return FixedOffsetRetrieval(self.vocab_size, self.offset)
+
+
+@dataclass(frozen=True)
+class RetrievalSweep(SingleHeadSettings):
+    """A sweep of single-head ensembles: every (encoding, attention) pair is one batched ensemble of
+    ``len(offsets) * n_seeds`` models that differ in offset and initialisation seed.
+
+    Model ``(offset k, seed s)`` of the ensemble equals the model trained alone by
+    ``run_retrieval(sweep.experiment(pe, k, attention))`` (seed ``s`` of that
+    experiment) up to float rounding: the models share the data stream and are
+    otherwise independent. Because they share it, every model trains on lengths
+    ``U{shortest_train_len .. train_len}`` with ``shortest_train_len = max(offsets) + 2``
+    unless ``min_train_len`` says otherwise (the per-offset experiments record it).
+
+    The shared :class:`SingleHeadSettings`, plus ``pes`` (encodings; names are looked up),
+    ``attentions`` and ``offsets``.
+
+    Raises:
+        ValueError / TypeError: an unknown encoding or attention, a duplicate or non-positive
+            offset, a training length too short for the largest offset.
+    """
+
+    pes: tuple[Encoding, ...] = ("rope", "ape", "nope")
+    attentions: tuple[str, ...] = ("softmax",)
+    offsets: tuple[int, ...] = (1, 2, 3, 5)
+
+    def __post_init__(self):
+        for name in ("pes", "attentions"):
+            values = getattr(self, name)
+            if isinstance(values, (str, Encoding)) or not hasattr(values, "__iter__") or not tuple(values):
+                raise TypeError(f"{name} must be a non-empty sequence; got {values!r}")
+        object.__setattr__(self, "pes", tuple(get_encoding(pe) for pe in self.pes))
+        object.__setattr__(self, "attentions", tuple(check_attention(a) for a in self.attentions))
+        offsets = normalize_sequence(self, "offsets", minimum=1)
+        if len(set(offsets)) != len(offsets):
+            raise ValueError(f"offsets must be distinct; got {offsets}")
+        self._check_settings(max(offsets))
+        for pe in self.pes:
+            pe.check(self.d_head, 1)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **overrides) -> "RetrievalSweep":
+        """The sweep with a profile's compute settings, offsets and attention types, and any field overridden."""
+        base = {**cls._profile_overrides(profile), "offsets": profile.offsets, "attentions": profile.attentions}
+        return cls(**{**base, **overrides})
+
+    @property
+    def shortest_train_len(self) -> int:
+        """The shortest training length every model of the sweep sees."""
+        return self.min_train_len if self.min_train_len is not None else max(self.offsets) + 2
+
+    @property
+    def n_models(self) -> int:
+        """Models per ensemble: ``len(offsets) * n_seeds``."""
+        return len(self.offsets) * self.n_seeds
+
+    @property
+    def tasks(self) -> list[FixedOffsetRetrieval]:
+        """One task per model of an ensemble, offset-major."""
+        return [FixedOffsetRetrieval(self.vocab_size, k) for k in self.offsets for _ in range(self.n_seeds)]
+
+    @property
+    def seeds(self) -> list[int]:
+        """One initialisation seed per model of an ensemble, offset-major."""
+        return [s for _ in self.offsets for s in range(self.n_seeds)]
+
+    def ensemble(self, pe, attention: str = "softmax") -> "RetrievalSweep":
+        """The one-ensemble sweep of ``(pe, attention)``: the unit that is trained and cached."""
+        pe = get_encoding(pe)
+        if pe not in self.pes or attention not in self.attentions:
+            raise ValueError(f"(pe, attention) must be in pes={self.pes} x attentions={self.attentions}; "
+                             f"got ({pe!r}, {attention!r})")
+        return replace(self, pes=(pe,), attentions=(attention,))
+
+    def experiment(self, pe, offset: int, attention: str = "softmax") -> RetrievalExperiment:
+        """The :class:`RetrievalExperiment` that trains the sweep's models of ``(pe, offset, attention)`` alone."""
+        if offset not in self.offsets:
+            raise ValueError(f"offset must be one of the sweep's offsets {self.offsets}; got {offset!r}")
+        shortest = self.shortest_train_len
+        shared = {f.name: getattr(self, f.name) for f in fields(SingleHeadSettings)}
+        shared["min_train_len"] = None if shortest == offset + 2 else shortest
+        return RetrievalExperiment(pe=pe, attention=attention, offset=offset, **shared)
+
+    @classmethod
+    def of_experiment(cls, exp: RetrievalExperiment, offsets) -> "RetrievalSweep":
+        """The one-ensemble sweep that trains every field of ``exp`` except its offset, once per offset in ``offsets``.
+
+        Raises:
+            ValueError / TypeError: ``offsets`` empty, repeated or not ints, or an offset too large for
+                the shortest training length (``exp.min_train_len``, else ``exp.train_len``) minus 2.
+        """
+        offsets = check_int_sequence("offsets", offsets, minimum=1)
+        shortest = exp.min_train_len if exp.min_train_len is not None else exp.train_len
+        for i, k in enumerate(offsets):
+            check_int(f"offsets[{i}]", k, minimum=1, maximum=shortest - 2)
+        shared = {f.name: getattr(exp, f.name) for f in fields(SingleHeadSettings)}
+        return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets, **shared)
+
+
+SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
+"""Eight frequencies evenly spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are
+well conditioned on 15 training offsets (condition number about 2), for the exact min-norm demonstration."""
+
+
+@dataclass(frozen=True)
+class KernelHeadConfig:
+    """The cache key of :func:`~lengthgen_utils.runners.run_kernel_head`: the experiment, the frequency set
+    and the SGD settings."""
+
+    experiment: RetrievalExperiment
+    frequencies: tuple[float, ...] | None
+    lr_fraction: float
+    steps: int
+
+    def __post_init__(self):
+        if self.frequencies is not None:
+            object.__setattr__(self, "frequencies", tuple(float(x) for x in self.frequencies))
+        check_positive_float("lr_fraction", self.lr_fraction)
+        check_int("steps", self.steps, minimum=1)
+
+
+@dataclass(frozen=True)
+class TransformerExperiment(TrainingSettings):
+    """An ensemble of :class:`~lengthgen_utils.models.Transformer` seeds on a full-sequence task.
+
+    The :class:`TrainingSettings` (the reconstruction's AdamW recipe of chapter 7 by default:
+    lr 1e-3, weight decay 0.05, batch 64, 1500 steps), plus:
+
+    Fields:
+        pe: the position encoding (an Encoding, or a registered name).
+        task: the task object (e.g. ``DelayedCopy(16, 5)``); the model's vocabulary is ``task.n_tokens``.
+        train_len: training sequence length; eval_lengths: evaluation lengths (a list is accepted).
+        n_layers, n_heads, d_model: model sizes.
+    """
+
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    pe: Encoding = field(default_factory=RoPE)
+    task: Task = field(default_factory=DelayedCopy)
+    train_len: int = 32
+    eval_lengths: tuple[int, ...] = (32, 64, 128, 256)
+    n_layers: int = 2
+    n_heads: int = 4
+    d_model: int = 128
+
+    def __post_init__(self):
+        object.__setattr__(self, "pe", get_encoding(self.pe))
+        if not isinstance(self.task, Task):
+            raise TypeError(f"task must be a Task (e.g. DelayedCopy(16, 5)); got {type(self.task).__name__} "
+                            f"{self.task!r}")
+        self._check_training(n_layers=1, n_heads=1, d_model=1)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads; got d_model={self.d_model}, n_heads={self.n_heads}")
+        self.pe.check(self.d_model // self.n_heads, self.n_heads)
+        check_fits("train_len", self.train_len, self.task.check_seq_len)
+        for i, seq_len in enumerate(normalize_sequence(self, "eval_lengths", minimum=1)):
+            check_fits(f"eval_lengths[{i}]", seq_len, self.task.check_seq_len)
+
+    @property
+    def max_len(self) -> int:
+        """Positions the encoding covers: the longest of the training and evaluation lengths."""
+        return max(self.eval_lengths + (self.train_len,))
+
+
+def transformer_experiment(profile: Profile, **overrides) -> TransformerExperiment:
+    """The transformer experiment with ``profile``'s compute settings and any field overridden."""
+    return TransformerExperiment(**{**dict(profile.transformer), **overrides})

@@ -1,0 +1,300 @@
+"""The offset kernel of a RoPE head and what is read off it: spectrum, alignment, rank, aliasing (chapters 4-6).
+
+**One layout, one name per quantity.** The *relative position* of a key at ``j`` seen from a
+query at ``i`` is ``D = j - i`` (``<= 0`` under a causal mask); its *distance* is ``d = -D``;
+the task's *offset* ``k`` is the distance of the target. A kernel over ``n`` relative positions
+is stored as ``[M, n]`` in the **row layout**: column ``j`` holds ``s(D = j - (n-1))``, the
+attention logits of a query at position ``n-1`` over keys ``0 .. n-1``, exactly as
+:meth:`~lengthgen_utils.models.RetrievalHead.scores` returns them. The target ``D = -k`` is
+column ``n-1-k``, and the row at a shorter length ``L`` is the last ``L`` columns.
+:mod:`~lengthgen_utils.theory` takes kernels in the same layout.
+
+Sources: Su et al. 2021 (RoFormer: RoPE scores depend on the offset alone); the paper's
+"low-rank carrier aligned with the offset" (arXiv 2607.18759, abstract), in the book's
+reconstruction (chapter 4); Barbero et al. 2025 (RoPE frequencies and aliasing at long range).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._validate import check_int, per_model_ints
+from .positional import RoPE, check_relative_positions, rope_inverse_frequencies, rope_kernel_coefficients
+
+
+def relative_positions(n: int) -> Tensor:
+    """The relative positions ``D = -(n-1) .. 0`` of the row layout: long ``[n]``.
+
+    ``relative_positions(train_len)`` is the training window: the relative positions a query sees in training.
+    """
+    n = check_int("n", n, minimum=1)
+    return torch.arange(-(n - 1), 1)
+
+
+def _rope_head(model) -> RoPE:
+    """The model's encoding, if the kernel analyses apply to it (a position-only RoPE head)."""
+    encoding = getattr(getattr(model, "config", None), "pe", None)
+    if not isinstance(encoding, RoPE) or not hasattr(model, "u"):
+        raise ValueError(f"model must be a RetrievalHead with a RoPE encoding; got "
+                         f"{type(model).__name__} with pe={encoding!r}")
+    return encoding
+
+
+@dataclass(frozen=True)
+class CarrierSpectrum:
+    """Per-pair amplitudes and phases of a RoPE head's offset kernel.
+
+    ``s(D) = sum_i r[m, i] * cos(theta[i] * D - phi[m, i])`` (the ``1/sqrt(d_head)``
+    score scale is folded into ``r``).
+
+    Attributes:
+        theta: ``[P]`` float64, rad per position (P = d_head / 2 frequency pairs).
+        r: ``[M, P]`` float64 amplitudes (logit units, nats), >= 0.
+        phi: ``[M, P]`` float64 phases in (-pi, pi].
+    """
+
+    theta: Tensor
+    r: Tensor
+    phi: Tensor
+
+
+@torch.no_grad()
+def unrotated_query_key(model) -> tuple[Tensor, Tensor]:
+    """``q0 = W_Q u`` and ``k0 = W_K u``: the position-only head's query and key before any rotation, ``[M, d_head]``."""
+    _rope_head(model)
+    q, k = model.queries_keys(torch.zeros(1, dtype=torch.long))  # position 0: no rotation
+    return q[:, 0], k[:, 0]
+
+
+@torch.no_grad()
+def carrier_spectrum(model) -> CarrierSpectrum:
+    """Amplitude ``r_i`` and phase ``phi_i`` of every RoPE frequency pair of each model.
+
+    With ``q0 = W_Q u`` and ``k0 = W_K u`` (before rotation), write pair
+    ``i`` of each as a complex number ``z = x_i + 1j x_{i+d/2}`` (half-split;
+    ``x_{2i} + 1j x_{2i+1}`` when interleaved). RoPE multiplies it by
+    ``exp(1j t theta_i)`` at position t, so the query at ``L-1`` and key at
+    ``j = L-1+D`` give ``Re(zq conj(zk) exp(-1j theta_i D))``; hence
+    ``r_i = |zq conj(zk)| / sqrt(d_head)`` and ``phi_i = arg(zq conj(zk))``.
+    Equivalently ``a_i = r_i cos phi_i = q^(i).k^(i)/sqrt(d)`` and
+    ``b_i = r_i sin phi_i = q^(i).J k^(i)/sqrt(d)``.
+
+    Args:
+        model: a RoPE :class:`~lengthgen_utils.models.RetrievalHead` ensemble (M models).
+
+    Returns:
+        :class:`CarrierSpectrum`.
+
+    Raises:
+        ValueError: the model is not a position-only RoPE head.
+
+    Source: Su et al. 2021 (RoFormer), eq. (13)-(16); chapter 4, "The offset kernel".
+    """
+    encoding = _rope_head(model)
+    q0, k0 = (t.double() for t in unrotated_query_key(model))
+    d_head = q0.shape[-1]
+    half = d_head // 2
+    if encoding.interleaved:
+        zq, zk = torch.complex(q0[:, 0::2], q0[:, 1::2]), torch.complex(k0[:, 0::2], k0[:, 1::2])
+    else:
+        zq, zk = torch.complex(q0[:, :half], q0[:, half:]), torch.complex(k0[:, :half], k0[:, half:])
+    w = zq * zk.conj() / math.sqrt(d_head)
+    theta = rope_inverse_frequencies(d_head, encoding.base)
+    return CarrierSpectrum(theta=theta, r=w.abs().cpu(), phi=w.angle().cpu())
+
+
+@torch.no_grad()
+def factorized_kernel(model) -> Tensor:
+    """Kernel coefficients ``c [M, d_head]`` (float64) of a position-only RoPE head: ``s(D) = Phi(D) . c``.
+
+    In the order of :func:`~lengthgen_utils.positional.rope_kernel_features` (the ``1/sqrt(d_head)``
+    score scale included), so chapter 6 can compare a trained factorised head with the closed forms.
+    """
+    encoding = _rope_head(model)
+    q0, k0 = unrotated_query_key(model)
+    return rope_kernel_coefficients(q0.double(), k0.double(), encoding.interleaved) / q0.shape[-1] ** 0.5
+
+
+def pair_components(model, relative) -> Tensor:
+    """Each frequency pair's contribution ``r_i cos(theta_i D - phi_i)`` to the kernel.
+
+    Args:
+        model: a RoPE retrieval head ensemble (M models).
+        relative: integer relative positions ``D`` (key minus query; any integers).
+
+    Returns:
+        float64 ``[M, P, n]`` in logit units; summing over ``P`` gives :func:`kernel_at`.
+    """
+    rel = check_relative_positions("relative", relative)
+    spec = carrier_spectrum(model)
+    angle = spec.theta[None, :, None] * rel.double()[None, None, :] - spec.phi[:, :, None]
+    return spec.r[:, :, None] * torch.cos(angle)
+
+
+def kernel_at(model, relative) -> Tensor:
+    """The trained attention logit ``s(D)`` at the given relative positions, computed from the weights.
+
+    ``s(D) = sum_i [a_i cos(theta_i D) + b_i sin(theta_i D)] = sum_i r_i cos(theta_i D - phi_i)``,
+    the logit the query at position ``L-1`` gives the key at ``L-1+D``, at every length ``L``.
+
+    Returns:
+        float64 ``[M, n]`` logits (nats).
+
+    Raises:
+        ValueError / TypeError: not a RoPE model; positions empty or not integers.
+    """
+    return pair_components(model, relative).sum(1)
+
+
+def offset_kernel(model, n: int) -> Tensor:
+    """The kernel over ``D = -(n-1) .. 0`` in the row layout (see the module docstring): float64 ``[M, n]``.
+
+    Equal, up to float rounding, to the model's own score row ``model.scores(n)``.
+    """
+    return kernel_at(model, relative_positions(n))
+
+
+def peak_distance(kernel: Tensor) -> Tensor:
+    """The distance ``d = -D`` of each row's largest entry, for a kernel ``[M, n]`` in the row layout: long ``[M]``.
+
+    A head that selects its target has ``peak_distance == offset``.
+    """
+    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    return kernel.shape[1] - 1 - kernel.argmax(1).cpu()
+
+
+def variation_weights(model, train_len: int) -> Tensor:
+    """How much each pair's contribution varies across the training window.
+
+    ``v_i = std_{D in window} r_i cos(theta_i D - phi_i)`` (population std). A
+    low frequency that barely turns over the window has small ``v_i`` however
+    large ``r_i`` is: it acts as a bias, not as a selector.
+
+    Returns:
+        float64 ``[M, P]`` (nats).
+    """
+    return pair_components(model, relative_positions(check_int("train_len", train_len, minimum=2))).std(
+        -1, unbiased=False)
+
+
+def carrier_alignment(model, offset, train_len: int | None = None) -> Tensor:
+    """Alignment of the carrier with the target offset ``k``.
+
+    ``C = sum_i w_i cos(phi_i + theta_i k) / sum_i w_i``: 1 when every pair's
+    cosine peaks at ``D = -k`` (a matched filter for offset k).
+    With ``train_len=None`` the weights are the raw amplitudes ``w_i = r_i``;
+    with ``train_len`` they are the variation weights ``w_i = v_i`` of
+    :func:`variation_weights` (the pairs that actually select inside the window).
+
+    Args:
+        model: a RoPE retrieval head ensemble (M models).
+        offset: the target offset k >= 1 (one int, or one per model).
+        train_len: None (raw-amplitude alignment) or the training length (variation-weighted).
+
+    Returns:
+        float64 ``[M]`` in [-1, 1].
+
+    Source: the abstract's "carrier aligned with the offset" (claim of chapter 4).
+    """
+    spec = carrier_spectrum(model)
+    k = torch.tensor(per_model_ints("offset", offset, spec.r.shape[0], minimum=1), dtype=torch.float64)
+    weights = spec.r if train_len is None else variation_weights(model, train_len)
+    cos = torch.cos(spec.phi + spec.theta[None, :] * k[:, None])
+    return (weights * cos).sum(1) / weights.sum(1)
+
+
+def participation_ratio(weights: Tensor) -> Tensor:
+    """``(sum_i w_i)^2 / sum_i w_i^2`` over the last dim: the effective number of non-negative components.
+
+    1 when one component carries everything, ``n`` when all ``n`` are equal.
+
+    Raises:
+        ValueError: negative entries, or a row that is all zero.
+    """
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"weights must be a torch.Tensor; got {type(weights).__name__}")
+    if (weights < 0).any():
+        raise ValueError(f"weights must be >= 0; got min {float(weights.min()):.3g}")
+    denom = (weights ** 2).sum(-1)
+    if (denom == 0).any():
+        raise ValueError("weights has a row that is all zero; its participation ratio is undefined")
+    return weights.sum(-1) ** 2 / denom
+
+
+@torch.no_grad()
+def qk_effective_rank(model) -> Tensor:
+    """Participation ratio of the squared singular values of the bilinear form ``W_Q^T W_K``.
+
+    ``(sum sigma^2)^2 / sum sigma^4`` of the ``[d_model, d_model]`` matrix whose (rotated) form gives
+    every logit. With a constant query/key input ``u`` only the rank-one slice
+    ``(u^T W_Q^T, u^T W_K^T)`` reaches the logits; this measures the whole matrix, including
+    directions the task never uses.
+
+    Returns:
+        float64 ``[M]``, between 1 and ``d_head``.
+    """
+    _rope_head(model)
+    sigma = torch.linalg.svdvals((model.w_q.transpose(1, 2) @ model.w_k).double())
+    return participation_ratio(sigma ** 2).cpu()
+
+
+def kernel_reconstruction(model, train_len: int, rank: int) -> Tensor:
+    """Fraction of the kernel's variance over the training window kept by its top-``rank`` pairs.
+
+    Pairs are ranked by variation weight (:func:`variation_weights`); the
+    reconstruction keeps those pairs' components and replaces every other pair
+    by its mean over the window (a constant bias). Returned is
+    ``1 - ||s - s_r||^2 / ||s - mean s||^2`` over the window.
+
+    Returns:
+        float64 ``[M]``, at most 1 (1 when ``rank`` pairs reconstruct the window exactly).
+    """
+    rank = check_int("rank", rank, minimum=0)
+    comps = pair_components(model, relative_positions(check_int("train_len", train_len, minimum=2)))  # [M, P, W]
+    n_pairs = comps.shape[1]
+    if rank > n_pairs:
+        raise ValueError(f"rank must be in [0, {n_pairs}] (the number of frequency pairs); got rank={rank}")
+    order = comps.std(-1, unbiased=False).argsort(1, descending=True)
+    keep = torch.zeros(comps.shape[:2], dtype=torch.bool)
+    keep.scatter_(1, order[:, :rank], True)
+    approx = torch.where(keep[..., None], comps, comps.mean(-1, keepdim=True)).sum(1)
+    s = comps.sum(1)
+    resid = ((s - approx) ** 2).sum(-1)
+    total = ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
+    return 1 - resid / total
+
+
+def first_alias_distance(model, offset, train_len: int, max_distance: int, tolerance: float = 1.0) -> list:
+    """The nearest distance beyond the training window at which the kernel comes back near its target peak.
+
+    Returns, per model, the smallest distance ``d >= train_len`` with
+    ``s(-d) >= s(-k) - tolerance`` (a key that gets at least ``exp(-tolerance)``
+    of the target's weight), searched up to ``max_distance``; ``None`` when there is none.
+    A sequence of length ``L`` contains that key once ``L >= d + 1``.
+
+    Args:
+        model: a RoPE retrieval head ensemble.
+        offset: the target offset k (one int, or one per model).
+        train_len: the training length (the window is ``d <= train_len - 1``).
+        max_distance: largest distance searched (>= train_len).
+        tolerance: nats below the target logit that still count as "near the peak" (>= 0).
+
+    Source: Barbero et al. 2025 (RoPE frequencies; aliasing at long range).
+    """
+    ks = torch.tensor(per_model_ints("offset", offset, model.n_models, minimum=1))
+    train_len = check_int("train_len", train_len, minimum=int(ks.max()) + 2)
+    max_distance = check_int("max_distance", max_distance, minimum=train_len)
+    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
+        raise ValueError(f"tolerance must be a number >= 0; got tolerance={tolerance!r}")
+    distances = torch.arange(train_len, max_distance + 1)
+    far = kernel_at(model, -distances)
+    peak = kernel_at(model, -ks).diagonal()[:, None]  # s_m(-k_m)
+    out = []
+    for row in far >= peak - tolerance:
+        idx = torch.nonzero(row)
+        out.append(int(distances[idx[0, 0]]) if idx.numel() else None)
+    return out

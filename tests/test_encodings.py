@@ -1,0 +1,91 @@
+"""Every registered position encoding runs through every model, probe and figure (the encoding interface).
+
+A new encoding registered in ``lengthgen_utils.positional`` is picked up here without new test code;
+tests of a particular encoding against an independent reference follow below the walk.
+"""
+import numpy as np
+import pytest
+import torch
+
+from lengthgen_utils import plots
+from lengthgen_utils.configs import RetrievalExperiment, TransformerExperiment
+from lengthgen_utils.models import RetrievalHead, Transformer
+from lengthgen_utils.positional import ENCODINGS, Encoding, encoding_names, get_encoding
+from lengthgen_utils.probes import diagonal_spread, position_logits, shift_invariance, shift_logit_difference
+from lengthgen_utils.tasks import DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.training import train, train_sequence
+
+REGISTERED = [get_encoding(name) for name in encoding_names()]
+IDS = [pe.name for pe in REGISTERED]
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_the_chapter_encodings_are_registered():
+    assert {"rope", "ape", "nope"} <= set(encoding_names())
+    assert all(isinstance(pe, Encoding) and pe.label and pe.color.startswith("#") for pe in REGISTERED)
+
+
+@pytest.mark.parametrize("pe", REGISTERED, ids=IDS)
+def test_retrieval_head_runs_and_trains_with_every_encoding(pe):
+    task = FixedOffsetRetrieval(16, 3)
+    model = RetrievalHead(pe=pe, n_models=2, max_len=64)
+    tokens, _ = task.sample(4, 20, gen())
+    logits, attn = model(tokens)
+    assert logits.shape == (2, 4, 16) and attn.shape == (2, 4, 20)
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4))
+    history = train(model, task, steps=3, batch_size=8, device="cpu")
+    assert torch.isfinite(history).all()
+    assert RetrievalExperiment(pe=pe.name).pe == pe  # by name in a configuration
+
+
+@pytest.mark.parametrize("pe", REGISTERED, ids=IDS)
+def test_transformer_runs_trains_and_stays_causal_with_every_encoding(pe):
+    model = Transformer(16, 1, 2, 16, pe, max_len=64, n_models=2)
+    tokens, _ = DelayedCopy(16, 2).sample(3, 12, gen())
+    changed = tokens.clone()
+    changed[:, 8] = (changed[:, 8] + 1) % 16
+    a, b = model(tokens), model(changed)
+    assert a.shape == (2, 3, 12, 16) and torch.isfinite(a).all()
+    torch.testing.assert_close(a[:, :, :8], b[:, :, :8], rtol=0, atol=1e-6)
+    history = train_sequence(model, DelayedCopy(16, 2), steps=2, batch_size=4, train_len=12, device="cpu")
+    assert torch.isfinite(history).all()
+    assert TransformerExperiment(pe=pe.name).pe == pe
+
+
+@pytest.mark.parametrize("pe", REGISTERED, ids=IDS)
+def test_equivariance_probe_is_exact_for_relative_encodings(pe):
+    """A relative encoding's logit depends on the offset alone (constant diagonals, shift-invariant, to float32);
+    an absolute one's does not (a measurable violation at random initialisation)."""
+    model = RetrievalHead(pe=pe, n_models=3, max_len=1100)
+    spread = diagonal_spread(position_logits(model, 24))
+    shifts = shift_logit_difference(model, 24, [1, 1000]).max()
+    transformer = Transformer(16, 1, 2, 16, pe, max_len=1100, n_models=1)
+    tokens, _ = DelayedCopy(16, 2).sample(2, 24, gen())
+    whole = max(shift_invariance(transformer, tokens, (1, 1000)).values())
+    if pe.relative:
+        assert spread.max() < 1e-4 and shifts < 1e-4 and whole < 1e-4, (spread, shifts, whole)
+    else:
+        assert spread.min() > 1e-6 and shifts > 1e-6 and whole > 1e-6, (spread, shifts, whole)
+
+
+@pytest.mark.parametrize("pe", REGISTERED, ids=IDS)
+def test_figures_label_and_colour_every_encoding(pe):
+    fig = plots.accuracy_vs_length({pe: ([16, 32], np.full((5, 2), 0.5)), pe.name: ([16, 32], np.full((5, 2), 0.5))},
+                                   chance=1 / 16, train_len=16, title="t")
+    means = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [t.line.color for t in means] == [pe.color, pe.color]
+    assert all(t.name.startswith(pe.label) for t in means)
+
+
+def test_unknown_encoding_names_the_registered_ones():
+    with pytest.raises(ValueError, match="registered ones are") as info:
+        get_encoding("rotary")
+    assert all(name in str(info.value) for name in ENCODINGS)
+    with pytest.raises(TypeError, match="pe"):
+        get_encoding(3)
+    with pytest.raises(ValueError, match="registered ones are"):
+        RetrievalHead(pe="rotary")
