@@ -489,7 +489,8 @@ class Transformer(EnsembleModel):
         if added is not None:
             x = x + added[:, None]
         bias = self.encoding.score_bias(self.pe_params, positions, positions, self.n_heads)
-        bias = bias[:, None] if bias is not None else None  # [M|1, 1, H, L, L]: broadcast over the batch
+        if bias is not None:  # [M|1, H, L, L] -> [M|1, 1, H, L, L]: broadcast over the batch
+            bias = bias.to(device=self.device, dtype=x.dtype)[:, None]
         collected = []
         for block in self.blocks:
             q, k, v = self._attention_inputs(block, x, positions)
