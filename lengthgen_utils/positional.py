@@ -36,6 +36,7 @@ Gehring et al. 2017 (learned absolute positions); Kazemnejad et al. 2023 (NoPE).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import ClassVar
@@ -555,6 +556,55 @@ class RoPE(Encoding):
             angles = angles_in_dtype(positions, theta, ANGLE_DTYPES[self.angle_dtype]).to(x.device)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         return rotate_pairs(x, cos, sin, self.interleaved)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's per-head slopes ``m_h`` (float64 ``[n_heads]``), for any number of heads.
+
+    For ``n`` a power of two the slopes are the geometric sequence ``2^(-8/n), 2^(-16/n), ..., 2^(-8)``.
+    Otherwise, with ``c`` the largest power of two below ``n``, they are the ``c`` slopes of ``c`` heads
+    followed by every other slope of ``2c`` heads (``2^(-4/c), 2^(-12/c), ...``), ``n - c`` of them,
+    as in the paper's reference code.
+
+    Raises:
+        TypeError / ValueError: ``n_heads`` is not an int >= 1.
+
+    Source: Press et al. 2022, *Train Short, Test Long* (ALiBi), section 3 and its reference implementation.
+    """
+    n_heads = check_int("n_heads", n_heads, minimum=1)
+    closest = 2 ** int(math.floor(math.log2(n_heads)))
+    slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
+    slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(n_heads - closest)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+@register
+@dataclass(frozen=True)
+class ALiBi(Encoding):
+    """Attention with linear biases: head ``h`` adds ``m_h (j - i)`` to the logit of query ``i`` and key ``j``.
+
+    No position signal enters the residual stream or the queries and keys; the bias, non-positive under
+    a causal mask, penalises a key in proportion to its distance, with a different slope per head
+    (:func:`alibi_slopes`). It depends on ``j - i`` alone, so ALiBi is relative by construction.
+
+    Source: Press et al. 2022, *Train Short, Test Long: Attention with Linear Biases Enables Input Length
+    Extrapolation*, eq. (1) and section 3.
+    """
+
+    name: ClassVar[str] = "alibi"
+    color: ClassVar[str] = "#8c564b"
+    relative: ClassVar[bool] = True
+
+    @property
+    def label(self) -> str:
+        return "ALiBi"
+
+    def check(self, d_head: int, n_heads: int) -> None:
+        check_int("n_heads", n_heads, minimum=1)
+
+    def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor:
+        relative = (k_positions[None, :] - q_positions[:, None]).to(torch.float64)  # D = j - i: [Lq, Lk]
+        return (alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
 
 
 ANGLE_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,

@@ -89,3 +89,61 @@ def test_unknown_encoding_names_the_registered_ones():
         get_encoding(3)
     with pytest.raises(ValueError, match="registered ones are"):
         RetrievalHead(pe="rotary")
+
+
+# ---------------------------------------------------------------- ALiBi (Press et al. 2022)
+def reference_alibi_slopes(n):
+    """The recursion of the ALiBi paper's reference code, written out independently: the geometric
+    slopes of the largest power of two below n, then every other slope of twice that many heads."""
+    def power_of_two(m):
+        start = 2 ** (-(2 ** -(np.log2(m) - 3)))
+        return [start ** (i + 1) for i in range(m)]
+
+    if np.log2(n).is_integer():
+        return power_of_two(n)
+    closest = 2 ** int(np.floor(np.log2(n)))
+    return power_of_two(closest) + reference_alibi_slopes(2 * closest)[0::2][: n - closest]
+
+
+def test_alibi_slopes_match_the_papers_values_for_any_head_count():
+    from lengthgen_utils.positional import alibi_slopes
+
+    assert alibi_slopes(8).tolist() == [2.0 ** -i for i in range(1, 9)]  # the paper's example: 1/2 .. 1/256
+    assert alibi_slopes(1).tolist() == [2.0 ** -8]
+    assert alibi_slopes(6).tolist() == [2.0 ** -e for e in (2, 4, 6, 8, 1, 3)]  # 4 heads' slopes + every other of 8
+    assert alibi_slopes(3).tolist() == [2.0 ** -e for e in (4, 8, 2)]
+    for n in range(1, 40):
+        np.testing.assert_allclose(alibi_slopes(n).numpy(), reference_alibi_slopes(n), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("n_heads, error", [(0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_alibi_rejects_a_non_positive_head_count(n_heads, error):
+    from lengthgen_utils.positional import ALiBi, alibi_slopes
+
+    with pytest.raises(error, match="n_heads"):
+        alibi_slopes(n_heads)
+    with pytest.raises(error, match="n_heads"):
+        ALiBi().check(16, n_heads)
+
+
+def test_alibi_bias_is_the_slope_times_the_relative_position():
+    from lengthgen_utils.positional import ALiBi, alibi_slopes
+
+    pe = get_encoding("alibi")
+    assert isinstance(pe, ALiBi) and pe.relative and pe.label == "ALiBi"
+    positions = torch.arange(5) + 100  # any shift: the bias only sees j - i
+    bias = pe.score_bias({}, positions, positions, 4)
+    assert bias.shape == (1, 4, 5, 5)
+    slopes = alibi_slopes(4).float()
+    for h in range(4):
+        for i in range(5):
+            for j in range(5):
+                assert float(bias[0, h, i, j]) == pytest.approx(float(slopes[h]) * (j - i))
+    # in the single head the query's scores are the position-free logit plus m (j - (L-1)): linear in the distance
+    model = RetrievalHead(pe="alibi", n_models=2)
+    s = model.scores(12)
+    torch.testing.assert_close(s[:, 1:] - s[:, :-1], torch.full((2, 11), 2.0 ** -8))
+    # in the transformer every head of a layer gets its own slope
+    scores = Transformer(16, 1, 4, 16, "alibi").head_scores(torch.zeros(1, 6, dtype=torch.long))[0]
+    steps = scores[0, 0, :, 5, 1:6] - scores[0, 0, :, 5, 0:5]  # query 5, keys 0..5: identical content, one bias step
+    torch.testing.assert_close(steps, alibi_slopes(4).float()[:, None].expand(4, 5), rtol=1e-5, atol=1e-6)
