@@ -4,6 +4,14 @@ Every accuracy figure shows the mean over seeds as a line, the spread
 (min..max over seeds) as a band, a dotted chance line and the training
 length; axes are labeled with units.
 
+**The page column.** The book's content column is about 690 px wide on a desktop and about 370 px on a
+phone, and a figure is as wide as the column (plotly's responsive mode). So that nothing is cut or
+overlaps at either width, every figure passes through :func:`fit_to_column` when it is shown: its titles
+are wrapped to lines that fit a phone, the top margin holds the title below the toolbar's band, sliders
+sit between the title and the plot, the legend goes under the plot (the template puts it at the bottom
+of the figure), and axis titles and tick labels take the margins they need (``automargin``). The book's
+browser test checks every figure of every page at both widths.
+
 Figures are shown through the ``"lengthgen"`` renderer (see :func:`setup`):
 its output carries plotly's own JSON for live Jupyter front ends *and* an
 HTML snippet without plotly.js, which the web book renders with the single
@@ -12,7 +20,9 @@ copy of plotly.js that the build serves from its own ``_static`` folder
 """
 from __future__ import annotations
 
+import copy
 import re
+import textwrap
 import warnings
 
 import numpy as np
@@ -24,32 +34,114 @@ from .positional import ENCODINGS, Encoding, get_encoding
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
-FIGURE_HEIGHT = 440
+FIGURE_HEIGHT = 400  # px: the plot area plus the margins below it; titles and sliders add their own height
+TITLE_CHARS = 42  # characters per title line that fit a phone's column at the title's font size
+X_TITLE_CHARS = 36  # per line of an x-axis title
+Y_TITLE_CHARS = 34  # per line of a (rotated) y-axis title: the plot is about 280 px high
+TOOLBAR_PX = 30  # the band at the top kept clear for plotly's toolbar, which shows on hover
+TITLE_LINE_PX = 20
+SLIDER_PX = 64  # a slider between the title and the plot: its current value, rail and step labels
+LEGEND_LINE_PX = 20  # one line of the legend under the plot
 
 BOOK_TEMPLATE = go.layout.Template(pio.templates["plotly_white"])
 BOOK_TEMPLATE.layout.update(
-    font=dict(family="Helvetica, Arial, sans-serif", size=14),
-    title=dict(font=dict(size=17), x=0.0, xanchor="left", y=0.97, yanchor="top"),
+    font=dict(family="Helvetica, Arial, sans-serif", size=13),
+    title=dict(font=dict(size=15), x=0.0, xanchor="left", xref="container", y=1.0, yref="container",
+               yanchor="top", pad=dict(t=TOOLBAR_PX, l=8)),
     height=FIGURE_HEIGHT,
-    margin=dict(l=70, r=30, t=100, b=60),
+    margin=dict(l=8, r=12, t=TOOLBAR_PX + 10, b=8),
     paper_bgcolor="white",
     plot_bgcolor="white",
-    legend=dict(orientation="h", x=0.0, xanchor="left", y=1.0, yanchor="bottom", bgcolor="rgba(255,255,255,0.85)"),
+    # under the plot: at the bottom of the figure, which grows to hold it (so it never meets the axis)
+    legend=dict(orientation="h", x=0.0, xanchor="left", xref="container", y=0.0, yref="container",
+                yanchor="bottom", bgcolor="rgba(255,255,255,0.85)"),
+    xaxis=dict(automargin=True, title=dict(standoff=8)),
+    yaxis=dict(automargin=True, title=dict(standoff=8)),
 )
+CONFIG = {"responsive": True, "displaylogo": False}
+
+
+def wrap_text(text: str | None, width: int) -> str | None:
+    """``text`` with ``<br>`` inserted so that no line is longer than ``width`` characters (existing breaks kept)."""
+    if not text:
+        return text
+    lines = []
+    for segment in str(text).split("<br>"):
+        lines += textwrap.wrap(segment, width, break_long_words=False, break_on_hyphens=False) or [""]
+    return "<br>".join(lines)
+
+
+def _lines(text: str | None) -> int:
+    return 0 if not text else str(text).count("<br>") + 1
+
+
+def fit_to_column(fig) -> dict:
+    """A figure's plotly JSON laid out for the page column at any width (see the module docstring).
+
+    Wraps the figure's title and the title of every slider step and frame to :data:`TITLE_CHARS`
+    characters per line, and axis titles to :data:`X_TITLE_CHARS` / :data:`Y_TITLE_CHARS`; moves sliders
+    between the title and the plot; sets the top margin and the height for what sits above the plot.
+
+    Args:
+        fig: a plotly ``Figure`` or its JSON dict (``{"data", "layout", "frames"}``).
+
+    Returns:
+        a new JSON dict (the argument is not changed).
+    """
+    fig = copy.deepcopy(fig.to_plotly_json() if isinstance(fig, go.Figure) else fig)
+    layout = fig.setdefault("layout", {})
+    title = layout.get("title") if isinstance(layout.get("title"), dict) else {"text": layout.get("title")}
+    title["text"] = wrap_text(title.get("text"), TITLE_CHARS)
+    layout["title"] = title
+    n_lines = _lines(title["text"])
+    sliders = layout.get("sliders") or []
+    for slider in sliders:
+        for step in slider.get("steps", []):
+            args = step.get("args") or []
+            for update in args[1:2]:  # the layout update of an "update" step
+                if isinstance(update, dict) and update.get("title.text"):
+                    update["title.text"] = wrap_text(update["title.text"], TITLE_CHARS)
+                    n_lines = max(n_lines, _lines(update["title.text"]))
+    for frame in fig.get("frames") or []:
+        frame_title = (frame.get("layout") or {}).get("title")
+        if isinstance(frame_title, dict) and frame_title.get("text"):
+            frame_title["text"] = wrap_text(frame_title["text"], TITLE_CHARS)
+            n_lines = max(n_lines, _lines(frame_title["text"]))
+    for key, axis in layout.items():
+        if (key.startswith("xaxis") or key.startswith("yaxis")) and isinstance(axis, dict):
+            axis_title = axis.get("title")
+            if isinstance(axis_title, dict) and axis_title.get("text"):
+                axis_title["text"] = wrap_text(axis_title["text"], X_TITLE_CHARS if key[0] == "x" else Y_TITLE_CHARS)
+            axis.setdefault("automargin", True)
+    top = TOOLBAR_PX + n_lines * TITLE_LINE_PX + 10
+    for slider in sliders:  # between the title and the plot, full width
+        slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18, l=0, r=0))
+        slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13})
+        top += SLIDER_PX
+    margin = layout.setdefault("margin", {})
+    margin["t"] = max(margin.get("t") or 0, top)
+    # a legend under the plot wraps to about one entry per line on a phone: the figure grows, the plot does not shrink
+    entries = len({t.get("legendgroup") or t.get("name") for t in fig.get("data", [])
+                   if t.get("showlegend", True) is not False and t.get("name")})
+    legend_px = LEGEND_LINE_PX * max(0, entries - 1) if layout.get("showlegend", True) is not False else 0
+    layout["height"] = (layout.get("height") or FIGURE_HEIGHT) + top - (TOOLBAR_PX + 10) + legend_px
+    return fig
+
+
+def _bundle(fig_dict: dict) -> dict:
+    """The output of a figure: plotly's JSON (Jupyter) and an HTML div for the book (plotly.js served by the book)."""
+    fig_dict = fit_to_column(fig_dict)
+    html = pio.to_html(fig_dict, include_plotlyjs=False, full_html=False, auto_play=False, config=CONFIG)
+    return {"application/vnd.plotly.v1+json": {"data": fig_dict.get("data", []), "layout": fig_dict.get("layout", {}),
+                                               "frames": fig_dict.get("frames", []), "config": CONFIG},
+            "text/html": html}
 
 
 class BookRenderer(MimetypeRenderer):
     """Emit plotly JSON (for Jupyter) plus an HTML div that expects plotly.js on the page (for the book)."""
 
     def to_mimebundle(self, fig_dict):
-        html = pio.to_html(fig_dict, include_plotlyjs=False, full_html=False, auto_play=False,
-                           config={"responsive": True, "displaylogo": False})
-        return {
-            "application/vnd.plotly.v1+json": {"data": fig_dict.get("data", []), "layout": fig_dict.get("layout", {}),
-                                                "frames": fig_dict.get("frames", []),
-                                                "config": {"responsive": True}},
-            "text/html": html,
-        }
+        return _bundle(fig_dict)
 
 
 def setup() -> None:
@@ -179,22 +271,25 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
                                                "(min %{customdata[1]:.3f}, max %{customdata[2]:.3f})"))
     ticks = sorted(all_lengths)
     fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5),
-                  annotation_text=f"chance = {chance:.3f}", annotation_position="bottom right")
+                  annotation_text=f"chance = {chance:.3f}", annotation_position="top right")
     fig.add_vline(x=float(np.log2(train_len)), line=dict(color="gray", dash="dash", width=1),
-                  annotation_text="training length", annotation_position="top left")
+                  annotation_text="training<br>length", annotation_position="bottom right",
+                  annotation_yshift=40, annotation_bgcolor="rgba(255,255,255,0.7)")
     flag_below_chance(fig, means, chance)
     fig.update_layout(title=seed_note(title, min(n_seeds)))
-    if len(curves) > 3:  # a long legend would wrap into the title: put it under the plot instead
-        fig.update_layout(height=FIGURE_HEIGHT + 80, margin=dict(b=140),
-                          legend=dict(orientation="h", x=0.0, xanchor="left", y=-0.22, yanchor="top"))
-    fig.update_xaxes(title="evaluation sequence length L (tokens; multiple of the training length; log scale)",
-                     tickvals=np.log2(ticks), ticktext=[f"{t} ({t / train_len:g}x)" for t in ticks])
+    x = np.log2(ticks)
+    fig.update_xaxes(title="sequence length L (tokens, log scale)", tickvals=x,
+                     ticktext=[f"{t}<br>{t / train_len:g}x" for t in ticks],
+                     range=[x[0] - 0.3, x[-1] + 0.3])
     fig.update_yaxes(title=y_title, range=[-0.02, 1.05])
     return fig
 
 
 def loss_curves(histories: dict, title: str) -> go.Figure:
-    """Training loss per step, mean over the ensemble with a min..max band.
+    """Training loss per step: every model of each ensemble as a thin line, the mean as a thick one.
+
+    On a log axis a min..max band is misleading (a loss near 0 draws the band down to 1e-9), so each
+    model gets its own faint line.
 
     Args:
         histories: ``{name: loss [steps, n_models]}`` (the return value of ``training.train``).
@@ -206,13 +301,17 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
     fig = go.Figure()
     for i, (name, hist) in enumerate(histories.items()):
         hist = np.asarray(hist, dtype=float)
+        if hist.ndim != 2:
+            raise ValueError(f"histories[{name!r}] must be [steps, n_models]; got shape {hist.shape}")
         steps = np.arange(1, hist.shape[0] + 1)
         color = _color(name, i)
-        fig.add_trace(go.Scatter(x=np.concatenate([steps, steps[::-1]]),
-                                 y=np.concatenate([hist.max(1), hist.min(1)[::-1]]), mode="lines", fill="toself",
-                                 fillcolor=_rgba(color, 0.18), line=dict(width=0), hoverinfo="skip",
-                                 showlegend=False))
-        fig.add_trace(go.Scatter(x=steps, y=hist.mean(1), mode="lines", name=_label(name), line=dict(color=color)))
+        for m in range(hist.shape[1]):
+            fig.add_trace(go.Scatter(x=steps, y=hist[:, m], mode="lines", line=dict(color=_rgba(color, 0.35), width=1),
+                                     legendgroup=_label(name), showlegend=False,
+                                     hovertemplate=f"{_label(name)}, model {m}: " + "step %{x}: %{y:.3g}<extra></extra>"))
+        fig.add_trace(go.Scatter(x=steps, y=np.median(hist, 1), mode="lines", legendgroup=_label(name),
+                                 name=f"{_label(name)} (median of {hist.shape[1]}; thin: each)",
+                                 line=dict(color=color, width=2.5)))
     fig.update_layout(title=title)
     fig.update_xaxes(title="optimizer step")
     fig.update_yaxes(title="training cross-entropy (nats, log scale)", type="log", exponentformat="power")
@@ -361,11 +460,11 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
             hovertemplate="%{text}<br>first length containing an alias: %{x}<br>first failing length: %{y}"))
     fig.add_trace(go.Scatter(x=[16, longest_tested], y=[16, longest_tested], mode="lines",
                              name="failure at the alias", line=dict(color="black", dash="dot")))
-    fig.update_layout(title=title, **_LEGEND_BELOW)
-    x_ticks = [4 ** e for e in range(2, int(np.log2(x_none)) // 2 + 1) if 4 ** e < x_none] + [x_none]
+    fig.update_layout(title=title)
+    x_ticks = [16 ** e for e in range(1, int(np.log2(x_none)) // 4 + 1) if 16 ** e < x_none / 2] + [x_none]
     y_ticks = [2 ** e for e in range(4, int(np.log2(longest_tested)) + 1)] + [y_none]
     fig.update_xaxes(title="first length with an aliasing key, d + 1 (tokens)", type="log", tickvals=x_ticks,
-                     ticktext=[str(t) for t in x_ticks[:-1]] + [f"none ≤ {alias_search}"], tickangle=0)
+                     ticktext=[str(t) for t in x_ticks[:-1]] + [f"none<br>≤ {alias_search}"], tickangle=0)
     fig.update_yaxes(title="first length with accuracy < 0.95 (tokens)", type="log", tickvals=y_ticks,
                      ticktext=[str(t) for t in y_ticks[:-1]] + [f"> {longest_tested}"])
     return fig
@@ -407,9 +506,6 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
 
 # --- chapter 6: linear-attention control and min-norm interpolant
 
-# many legend entries: below the plot, so they never run into the title
-_LEGEND_BELOW = dict(height=FIGURE_HEIGHT + 140, margin=dict(l=70, r=30, t=100, b=180),
-                     legend=dict(orientation="h", x=0.0, xanchor="left", y=-0.2, yanchor="top"))
 
 def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
                    y_title: str = "attention weight s(D), scaled so that s(-k) = 1") -> go.Figure:
@@ -450,7 +546,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
                   annotation_text="trained offsets", annotation_position="top left")
     fig.add_vline(x=-target_offset, line=dict(color="black", dash="dot", width=1))
     fig.add_hline(y=0, line=dict(color="black", width=0.5))
-    fig.update_layout(title=title, **_LEGEND_BELOW)
+    fig.update_layout(title=title)
     fig.update_xaxes(title="offset D = key position - query position (tokens)")
     fig.update_yaxes(title=y_title)
     return fig
@@ -488,7 +584,7 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
                                               arrayminus=mean - measured.min(0))))
     fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dash", width=1.5),  # log axis: log10 units
                   annotation_text="training length", annotation_position="top right")
-    fig.update_layout(title=title, **_LEGEND_BELOW)
+    fig.update_layout(title=title)
     ticks = sorted({int(x) for _, (lengths, _, _) in curves.items() for x in lengths} | {int(train_len)})
     fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log", tickvals=ticks,
                      ticktext=[str(t) for t in ticks],
@@ -658,29 +754,26 @@ def position_heatmaps(panels: dict, title: str, colorbar_title: str, train_len: 
 
     _check_panels(panels)
     n = len(panels)
-    fig = make_subplots(rows=1, cols=n, subplot_titles=list(panels), horizontal_spacing=0.2)
+    # one panel under the other: side by side, two heatmaps and their colour bars do not fit a phone's column
+    fig = make_subplots(rows=n, cols=1, subplot_titles=list(panels), vertical_spacing=0.12 if n > 1 else 0.0)
     for i, (name, z) in enumerate(panels.items()):
         z = np.asarray(z, dtype=float)
         if z.ndim != 2 or z.shape[0] != z.shape[1]:
             raise ValueError(f"panel {name!r} must be a square matrix [L, L]; got shape {z.shape}")
-        x_right = fig.layout[f"xaxis{i + 1 if i else ''}"].domain[1]  # colour bar just right of its panel
+        domain = fig.layout[f"yaxis{i + 1 if i else ''}"].domain  # colour bar beside its own panel
         fig.add_trace(go.Heatmap(z=z, zmid=zmid, colorscale=colorscale,
-                                 colorbar=dict(title=dict(text=colorbar_title, side="right"), x=x_right + 0.01,
-                                               xanchor="left", len=0.8, thickness=12),
+                                 colorbar=dict(title=dict(text=colorbar_title, side="right"), x=1.0,
+                                               xanchor="left", y=(domain[0] + domain[1]) / 2, yanchor="middle",
+                                               len=domain[1] - domain[0], thickness=12),
                                  hovertemplate="query m=%{y}, key n=%{x}: %{z:.4g}<extra></extra>"),
-                      row=1, col=i + 1)
-        fig.update_xaxes(title="key position n (tokens)", row=1, col=i + 1)
-        fig.update_yaxes(title="query position m (tokens)" if i == 0 else None, autorange="reversed",
-                         row=1, col=i + 1)
+                      row=i + 1, col=1)
+        fig.update_xaxes(title="key position n (tokens)" if i == n - 1 else None, row=i + 1, col=1)
+        fig.update_yaxes(title="query position m (tokens)", autorange="reversed", row=i + 1, col=1)
         if train_len is not None and train_len < z.shape[0]:
-            edge = train_len - 0.5
-            for kw in (dict(x=edge), dict(y=edge)):
-                line = dict(color="black", dash="dash", width=1)
-                if "x" in kw:
-                    fig.add_vline(x=edge, line=line, row=1, col=i + 1)
-                else:
-                    fig.add_hline(y=edge, line=line, row=1, col=i + 1)
-    fig.update_layout(title=title, height=FIGURE_HEIGHT + 60)
+            line = dict(color="black", dash="dash", width=1)
+            fig.add_vline(x=train_len - 0.5, line=line, row=i + 1, col=1)
+            fig.add_hline(y=train_len - 0.5, line=line, row=i + 1, col=1)
+    fig.update_layout(title=title, height=120 + 330 * n)
     return fig
 
 
@@ -778,9 +871,10 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
                   annotation_text="training positions", annotation_position="top left")
     if marker_position is not None:
         fig.add_vline(x=marker_position, line=dict(color="black", dash="dash", width=1.5),
-                      annotation_text=f"{marker_label} = {marker_position}", annotation_position="top right")
+                      annotation_text=f"{marker_label} = {marker_position}", annotation_position="bottom right",
+                      annotation_bgcolor="rgba(255,255,255,0.8)")
     fig.update_layout(title=title, barmode="group", bargap=0.15)
-    fig.update_xaxes(title="absolute key position of the attention argmax (tokens)")
+    fig.update_xaxes(title="key position of the attention argmax (tokens)")
     fig.update_yaxes(title="number of test lengths")
     return fig
 
@@ -849,7 +943,8 @@ def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None 
     """
     _check_panels(values, "values")
     values = {n: np.asarray(v, dtype=float).ravel() for n, v in values.items()}
-    names = list(values)
+    names = [wrap_text(n, 9) for n in values]  # category labels on short lines: they sit side by side
+    values = dict(zip(names, values.values()))
     fig = go.Figure()
     fig.add_trace(go.Bar(x=names, y=[float(np.mean(values[n])) for n in names], name="mean over seeds",
                          marker_color="rgba(214,39,40,0.35)"))
@@ -884,8 +979,8 @@ def logit_rows_by_offset(panels: dict, title: str, target_offset: int | None = N
     from plotly.subplots import make_subplots
 
     _check_panels(panels)
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), shared_yaxes=True,
-                        horizontal_spacing=0.06)
+    n = len(panels)  # one panel under the other (side by side they do not fit a phone's column)
+    fig = make_subplots(rows=n, cols=1, subplot_titles=list(panels), shared_xaxes=True, vertical_spacing=0.14)
     dashes = ["solid", "dot", "dash", "dashdot"]
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
     for c, (name, rows) in enumerate(panels.items()):
@@ -896,14 +991,14 @@ def logit_rows_by_offset(panels: dict, title: str, target_offset: int | None = N
             fig.add_trace(go.Scatter(x=np.arange(-(L - 1), 1), y=row, mode="lines+markers", marker=dict(size=5),
                                      line=dict(color=palette[i % 4], dash=dashes[i % 4], width=2),
                                      name=f"L = {L}", legendgroup=str(L), showlegend=c == 0,
-                                     hovertemplate=f"L={L}, " + "offset %{x}: logit %{y:.5g}<extra></extra>"),
-                          row=1, col=c + 1)
-        fig.update_xaxes(title="key offset j − (L−1) (tokens)", row=1, col=c + 1,
+                                     hovertemplate=f"L={L}, " + "D = %{x}: logit %{y:.5g}<extra></extra>"),
+                          row=c + 1, col=1)
+        fig.update_xaxes(title="relative position D = j − (L−1) (tokens)" if c == n - 1 else None, row=c + 1, col=1,
                          range=None if min_offset is None else [min_offset - 0.5, 0.5])
+        fig.update_yaxes(title="logit s(D)", row=c + 1, col=1)
         if target_offset is not None:
-            fig.add_vline(x=-target_offset, line=dict(color="black", dash="dash", width=1), row=1, col=c + 1)
-    fig.update_yaxes(title="attention logit s_j (logit units)", row=1, col=1)
-    fig.update_layout(title=title, margin=dict(t=130), legend=dict(y=1.12))
+            fig.add_vline(x=-target_offset, line=dict(color="black", dash="dash", width=1), row=c + 1, col=1)
+    fig.update_layout(title=title, height=120 + 260 * n)
     return fig
 
 

@@ -35,7 +35,7 @@ MAX_LEN = max(EVAL_LENGTHS)  # APE tables are sized for it, so changing the eval
 
 def _figure_output(fig) -> dict:
     """A Jupyter ``display_data`` output holding plotly's JSON (what ``Output.outputs`` stores)."""
-    fig_dict = fig.to_plotly_json()
+    fig_dict = plots.fit_to_column(fig)
     return {"output_type": "display_data", "metadata": {},
             "data": {"application/vnd.plotly.v1+json": {"data": fig_dict["data"], "layout": fig_dict["layout"],
                                                         "config": {"responsive": True, "displaylogo": False}},

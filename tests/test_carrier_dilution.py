@@ -188,7 +188,7 @@ def test_alias_vs_failure_draws_censored_heads_apart():
     assert set(by_name) == {"alias and failure both seen", "no failure up to 1024", "no alias up to 4096", "neither"}
     top_row, right_column = max(fig.layout.yaxis.tickvals), max(fig.layout.xaxis.tickvals)
     assert fig.layout.yaxis.ticktext[-1] == "> 1024" and top_row > 1024
-    assert fig.layout.xaxis.ticktext[-1] == "none ≤ 4096" and right_column > 4097
+    assert fig.layout.xaxis.ticktext[-1] == "none<br>≤ 4096" and right_column > 4097
     assert list(by_name["no failure up to 1024"].y) == [top_row] and list(by_name["no failure up to 1024"].x) == [601]
     assert list(by_name["no alias up to 4096"].x) == [right_column] and list(by_name["no alias up to 4096"].y) == [256]
     with pytest.raises(ValueError, match="one entry per model"):

@@ -194,7 +194,7 @@ def test_heatmap_and_histogram_figures_validate_and_label():
     from lengthgen_utils import plots
 
     fig = plots.position_heatmaps({"a": torch.zeros(8, 8), "b": torch.ones(8, 8)}, "t", "logit", train_len=4)
-    assert len(fig.data) == 2 and fig.layout.xaxis.title.text.startswith("key position")
+    assert len(fig.data) == 2 and fig.layout.xaxis2.title.text.startswith("key position")  # under the last panel
     with pytest.raises(ValueError, match="square"):
         plots.position_heatmaps({"a": torch.zeros(8, 7)}, "t", "logit")
     counts = torch.zeros(2, 64, dtype=torch.long)

@@ -73,6 +73,48 @@ SIGNATURE_JS = """(i) => { const gd = document.querySelectorAll('.js-plotly-plot
         gd._fullData.filter(t => t.visible === true).map(t => [t.type, t.name, arr(t.x), arr(t.y), arr(t.z)])]); }"""
 
 
+# Every text element a figure draws (titles, axis titles, tick labels, legend, annotations, slider and colour-bar
+# labels), with its box and what kind of label it is; data labels inside traces and hover labels are left out.
+TEXT_BOXES_JS = """(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];
+    const fig = gd.getBoundingClientRect();
+    const kind = (el) => { for (let n = el; n && n !== gd; n = n.parentNode) {
+        const c = (n.getAttribute && n.getAttribute('class')) || '';
+        for (const x of c.split(' ')) {
+            const k = x.replace(/^([xy])\\d+/, '$1');  // x2tick -> xtick, y3title -> ytitle
+            for (const name of ['gtitle', 'xtitle', 'ytitle', 'legendtext', 'annotation', 'slider', 'cbtitle',
+                                'colorbar', 'xtick', 'ytick', 'updatemenu', 'trace', 'hoverlayer'])
+                if (k.startsWith(name)) return name; } }
+        return 'other'; };
+    const out = [];
+    for (const t of gd.querySelectorAll('svg text')) {
+        const k = kind(t);
+        if (k === 'trace' || k === 'hoverlayer' || !t.textContent.trim()) continue;
+        const st = getComputedStyle(t);
+        if (st.display === 'none' || st.visibility === 'hidden' || parseFloat(st.opacity || '1') === 0) continue;
+        const r = t.getBoundingClientRect();
+        if (r.width === 0 || r.height === 0) continue;
+        out.push({kind: k, text: t.textContent.trim().slice(0, 40), x0: r.left - fig.left, y0: r.top - fig.top,
+                  x1: r.right - fig.left, y1: r.bottom - fig.top});
+    }
+    return {width: fig.width, height: fig.height, texts: out}; }"""
+
+
+def layout_problems(boxes: dict, tolerance: float = 1.5) -> list[str]:
+    """Texts clipped by the figure's box, and pairs of texts that overlap (by more than ``tolerance`` px each way)."""
+    problems, texts = [], boxes["texts"]
+    for t in texts:
+        if t["x0"] < -tolerance or t["y0"] < -tolerance or t["x1"] > boxes["width"] + tolerance \
+                or t["y1"] > boxes["height"] + tolerance:
+            problems.append(f"clipped {t['kind']} {t['text']!r}")
+    for a_i, a in enumerate(texts):
+        for b in texts[a_i + 1:]:
+            dx = min(a["x1"], b["x1"]) - max(a["x0"], b["x0"])
+            dy = min(a["y1"], b["y1"]) - max(a["y0"], b["y0"])
+            if dx > tolerance and dy > tolerance:
+                problems.append(f"{a['kind']} {a['text']!r} overlaps {b['kind']} {b['text']!r}")
+    return problems
+
+
 def test_toc_lists_the_chapters():
     assert PAGES[0] == "intro" and "chapters/01_retrieval_task" in PAGES and "running" in PAGES
 
@@ -92,11 +134,11 @@ def browser():
         b.close()
 
 
-def open_page(browser, page_name: str, dark: bool):
-    """Open a built page offline; returns (page, errors, blocked requests)."""
+def open_page(browser, page_name: str, dark: bool, width: int = 1300):
+    """Open a built page offline at a window ``width`` (px); returns (page, errors, blocked requests)."""
     path = HTML / f"{page_name}.html"
     assert path.is_file(), f"{page_name} is in _toc.yml but {path} was not built"
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    context = browser.new_context(viewport={"width": width, "height": 1000})
     if dark:
         context.add_init_script("localStorage.setItem('mode', 'dark'); localStorage.setItem('theme', 'dark');")
     page = context.new_page()
@@ -189,5 +231,37 @@ def test_dark_mode_keeps_figures_readable(browser, page_name):
         screenshot(page, SCREENSHOTS / f"{page_name.replace('/', '__')}-dark.png")
         assert not errors, f"{page_name} (dark): JavaScript errors: {errors}"
         assert not blocked, f"{page_name} (dark): requests to the network: {blocked}"
+    finally:
+        page.context.close()
+
+
+@needs_browser
+@pytest.mark.parametrize("width", [1280, 400])
+@pytest.mark.parametrize("page_name", PAGES)
+def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, width):
+    """At a desktop (1280 px) and a phone (400 px) width, no text element of any figure (title, axis titles, tick
+    labels, legend, annotations, slider and colour-bar labels) is cut by the figure's box or overlaps another, and
+    the toolbar, shown on hover, covers no title or legend text."""
+    page, errors, blocked = open_page(browser, page_name, dark=False, width=width)
+    try:
+        problems = []
+        for i in range(page.evaluate("document.querySelectorAll('.js-plotly-plot').length")):
+            gd = page.locator(".js-plotly-plot").nth(i)
+            gd.scroll_into_view_if_needed()
+            boxes = page.evaluate(TEXT_BOXES_JS, i)
+            problems += [f"figure {i}: {p}" for p in layout_problems(boxes)]
+            gd.hover(position={"x": boxes["width"] - 3, "y": boxes["height"] - 3})  # outside the plot area
+            page.wait_for_timeout(150)
+            bar = page.evaluate("(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];"
+                                " const m = gd.querySelector('.modebar'); if (!m || getComputedStyle(m).opacity === '0')"
+                                " return null; const r = m.getBoundingClientRect(), f = gd.getBoundingClientRect();"
+                                " return {x0: r.left - f.left, y0: r.top - f.top, x1: r.right - f.left,"
+                                " y1: r.bottom - f.top}; }", i)
+            if bar is not None:
+                covered = [t for t in boxes["texts"] if t["kind"] in ("gtitle", "legendtext", "annotation")
+                           and min(t["x1"], bar["x1"]) - max(t["x0"], bar["x0"]) > 1
+                           and min(t["y1"], bar["y1"]) - max(t["y0"], bar["y0"]) > 1]
+                problems += [f"figure {i}: the toolbar covers {t['kind']} {t['text']!r}" for t in covered]
+        assert not problems, f"{page_name} at {width} px:\n  " + "\n  ".join(problems[:40])
     finally:
         page.context.close()
