@@ -34,22 +34,25 @@ from .positional import ENCODINGS, Encoding, get_encoding
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
-FIGURE_HEIGHT = 400  # px: the plot area plus the margins below it; titles and sliders add their own height
+FIGURE_HEIGHT = 440  # px: the plot area plus the margins below it; titles and sliders add their own height
 TITLE_CHARS = 42  # characters per title line that fit a phone's column at the title's font size
-X_TITLE_CHARS = 36  # per line of an x-axis title
-Y_TITLE_CHARS = 34  # per line of a (rotated) y-axis title: the plot is about 280 px high
-TOOLBAR_PX = 30  # the band at the top kept clear for plotly's toolbar, which shows on hover
+X_TITLE_CHARS = 28  # per line of an x-axis title
+Y_TITLE_CHARS = 28  # per line of a (rotated) y-axis title: on a phone the plot is about 230 px high
+TOOLBAR_PX = 44  # the first title baseline sits here, below plotly's toolbar (28 px high, shown on hover)
 TITLE_LINE_PX = 20
-SLIDER_PX = 64  # a slider between the title and the plot: its current value, rail and step labels
+SLIDER_PX = 96  # a slider between the title and the plot: its current value, rail and step labels
+SLIDER_LABELS_MAX = 6  # a slider with more steps shows only its current value: the step labels would collide
+LEGEND_CHARS = 40  # per line of a legend entry
 LEGEND_LINE_PX = 20  # one line of the legend under the plot
+SUBPLOT_TITLE_PX = 24  # a subplot title above the top panel
 
 BOOK_TEMPLATE = go.layout.Template(pio.templates["plotly_white"])
 BOOK_TEMPLATE.layout.update(
     font=dict(family="Helvetica, Arial, sans-serif", size=13),
     title=dict(font=dict(size=15), x=0.0, xanchor="left", xref="container", y=1.0, yref="container",
-               yanchor="top", pad=dict(t=TOOLBAR_PX, l=8)),
+               yanchor="top", pad=dict(t=TOOLBAR_PX, l=8)),  # pad.t places the first baseline
     height=FIGURE_HEIGHT,
-    margin=dict(l=8, r=12, t=TOOLBAR_PX + 10, b=8),
+    margin=dict(l=8, r=12, t=TOOLBAR_PX + 16, b=8),
     paper_bgcolor="white",
     plot_bgcolor="white",
     # under the plot: at the bottom of the figure, which grows to hold it (so it never meets the axis)
@@ -113,18 +116,28 @@ def fit_to_column(fig) -> dict:
             if isinstance(axis_title, dict) and axis_title.get("text"):
                 axis_title["text"] = wrap_text(axis_title["text"], X_TITLE_CHARS if key[0] == "x" else Y_TITLE_CHARS)
             axis.setdefault("automargin", True)
-    top = TOOLBAR_PX + n_lines * TITLE_LINE_PX + 10
+            if axis.get("type") == "log" and "tickvals" not in axis and "dtick" not in axis:
+                axis.setdefault("nticks", 6)  # plotly's default labels every 2..9 of a short range: they collide
+    top = TOOLBAR_PX + max(n_lines - 1, 0) * TITLE_LINE_PX + 16  # the last title line's baseline, its descent, a gap
+    if any(a.get("yref") == "paper" and (a.get("y") or 0) >= 0.99 and a.get("yanchor") == "bottom"
+           for a in layout.get("annotations") or []):
+        top += SUBPLOT_TITLE_PX  # a subplot title stands on the top panel
     for slider in sliders:  # between the title and the plot, full width
         slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18, l=0, r=0))
-        slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13})
+        slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13, "color": "#2a3f5f"})
+        if len(slider.get("steps", [])) > SLIDER_LABELS_MAX:  # the current value names the step
+            slider["font"] = {**slider.get("font", {}), "color": "rgba(0,0,0,0)"}
         top += SLIDER_PX
+    for trace in fig.get("data", []):  # legend entries on lines that fit the column
+        if trace.get("name") and trace.get("showlegend", True) is not False:
+            trace["name"] = wrap_text(trace["name"], LEGEND_CHARS)
     margin = layout.setdefault("margin", {})
     margin["t"] = max(margin.get("t") or 0, top)
     # a legend under the plot wraps to about one entry per line on a phone: the figure grows, the plot does not shrink
     entries = len({t.get("legendgroup") or t.get("name") for t in fig.get("data", [])
                    if t.get("showlegend", True) is not False and t.get("name")})
     legend_px = LEGEND_LINE_PX * max(0, entries - 1) if layout.get("showlegend", True) is not False else 0
-    layout["height"] = (layout.get("height") or FIGURE_HEIGHT) + top - (TOOLBAR_PX + 10) + legend_px
+    layout["height"] = (layout.get("height") or FIGURE_HEIGHT) + top - (TOOLBAR_PX + 16) + legend_px
     return fig
 
 
@@ -366,10 +379,10 @@ def kernel_slider(offsets, kernels: dict, train_len: int, title: str) -> go.Figu
     pad = 0.05 * (y_hi - y_lo)
     fig = go.Figure(data=frames[0].data, frames=frames)
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training window", annotation_position="top left")
+                  annotation_text="training window", annotation_position="inside top right")
     fig.update_layout(title=title, sliders=[_slider(ks, "target offset k = ")], height=FIGURE_HEIGHT + 80,
                       margin=dict(b=120))
-    fig.update_xaxes(title="offset D = key position - query position (tokens)")
+    fig.update_xaxes(title="relative position D = j − i (tokens)")
     fig.update_yaxes(title="attention logit s(D) (nats)", range=[y_lo - pad, y_hi + pad])
     return fig
 
@@ -382,7 +395,10 @@ def carrier_spectrum_figure(periods, amplitude, variation, title: str) -> go.Fig
         amplitude, variation: ``[n_models, P]`` (nats).
     """
     periods = np.asarray(periods, dtype=float)
-    labels = [f"{i}: {p:,.0f}" for i, p in enumerate(periods)]
+    def compact(p):  # 63, 199, 2.0k, 20k: a period label that fits beside seven others on a phone
+        return f"{p:.0f}" if p < 1000 else f"{p / 1000:.1f}k" if p < 10_000 else f"{p / 1000:.0f}k"
+
+    labels = [f"{i}<br>{compact(p)}" for i, p in enumerate(periods)]
     fig = go.Figure()
     for name, arr, color in (("amplitude r_i", amplitude, "#1f77b4"), ("variation v_i over the training window", variation, "#ff7f0e")):
         arr = np.asarray(arr, dtype=float)
@@ -391,7 +407,7 @@ def carrier_spectrum_figure(periods, amplitude, variation, title: str) -> go.Fig
                              error_y=dict(type="data", symmetric=False, array=arr.max(0) - mean,
                                           arrayminus=mean - arr.min(0))))
     fig.update_layout(title=title, barmode="group")
-    fig.update_xaxes(title="frequency pair i: period 2π/θ_i (tokens)")
+    fig.update_xaxes(title="frequency pair i and its period 2π/θ_i (tokens)")
     fig.update_yaxes(title="nats")
     return fig
 
@@ -519,7 +535,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         title: figure title.
 
     Returns:
-        a plotly ``Figure`` (x: offset D in tokens, key minus query).
+        a plotly ``Figure`` (x: relative position D = j - i in tokens, key minus query).
 
     Raises:
         ValueError: ``curves`` is empty or an array does not match its offsets.
@@ -543,11 +559,12 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         fig.add_trace(go.Scatter(x=offsets, y=values.mean(0), mode="lines", name=label, legendgroup=_label(name),
                                  line=dict(color=color, width=2, dash="dash" if i % 2 else "solid")))
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=-0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="trained offsets", annotation_position="top left")
+                  annotation_text="trained offsets", annotation_position="inside top right")
     fig.add_vline(x=-target_offset, line=dict(color="black", dash="dot", width=1))
     fig.add_hline(y=0, line=dict(color="black", width=0.5))
     fig.update_layout(title=title)
-    fig.update_xaxes(title="offset D = key position - query position (tokens)")
+    lo = min(float(np.asarray(offsets).min()) for offsets, _ in curves.values())
+    fig.update_xaxes(title="relative position D = j − i (tokens)", range=[lo - 0.08 * (1 - lo), 1])  # clear of y ticks
     fig.update_yaxes(title=y_title)
     return fig
 
@@ -659,7 +676,7 @@ def head_offset_heatmap(profile, title: str, max_offset: int | None = None, valu
                                colorbar=dict(title=value),
                                hovertemplate="%{y}, offset %{x}: %{z:.3f}<extra></extra>"))
     fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 60 + 28 * len(rows)))
-    fig.update_xaxes(title="offset D = key position - query position (tokens)", autorange="reversed")
+    fig.update_xaxes(title="relative position D = j − i (tokens)")  # left to right, as every offset axis of the book
     fig.update_yaxes(title="", autorange="reversed")
     return fig
 
@@ -868,7 +885,7 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
         fig.add_trace(go.Bar(x=np.arange(x_max), y=row[:x_max], name=f"seed {i}", marker_color=palette[i % 10],
                              hovertemplate=f"seed {i}: " + "argmax at position %{x} for %{y} lengths<extra></extra>"))
     fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training positions", annotation_position="top left")
+                  annotation_text="training positions", annotation_position="inside top left")
     if marker_position is not None:
         fig.add_vline(x=marker_position, line=dict(color="black", dash="dash", width=1.5),
                       annotation_text=f"{marker_label} = {marker_position}", annotation_position="bottom right",
@@ -923,7 +940,7 @@ def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, 
                       sliders=[dict(active=0, steps=steps, x=0.0, len=1.0, y=-0.22, yanchor="top",
                                     currentvalue=dict(prefix="test length L = ", suffix=" tokens"))])
     fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training positions", annotation_position="top left")
+                  annotation_text="training positions", annotation_position="inside top left")
     fig.update_xaxes(title="absolute key position (tokens)", range=[-1, max(lengths)])
     fig.update_yaxes(title="attention weight of the query (fraction)", range=[-0.02, 1.05])
     return fig
@@ -1035,7 +1052,7 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
                                  hovertemplate="position %{x}: %{y:.3g}<extra></extra>"))
     if train_len is not None:
         fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                      annotation_text="training positions", annotation_position="top left")
+                      annotation_text="training positions", annotation_position="inside top left")
     fig.update_layout(title=title)
     fig.update_xaxes(title="absolute position t (row of the APE table)")
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear", exponentformat="power" if log_y else None)

@@ -11,7 +11,7 @@ def test_titles_wrap_to_a_phone_column_and_the_top_margin_holds_them():
     out = plots.fit_to_column(fig)
     lines = out["layout"]["title"]["text"].split("<br>")
     assert len(lines) == 3 and all(len(line) <= plots.TITLE_CHARS for line in lines)
-    assert out["layout"]["margin"]["t"] == plots.TOOLBAR_PX + 3 * plots.TITLE_LINE_PX + 10
+    assert out["layout"]["margin"]["t"] == plots.TOOLBAR_PX + 2 * plots.TITLE_LINE_PX + 16
     assert fig.layout.title.text == title  # the figure itself is not changed
     assert out["layout"]["xaxis"]["automargin"] is True
 
@@ -25,7 +25,7 @@ def test_axis_titles_wrap_and_slider_titles_too():
     assert slider["y"] == 1.0 and slider["yanchor"] == "bottom"  # between the title and the plot
     for step in slider["steps"]:
         assert all(len(line) <= plots.TITLE_CHARS for line in step["args"][1]["title.text"].split("<br>"))
-    assert out["layout"]["margin"]["t"] >= plots.TOOLBAR_PX + 2 * plots.TITLE_LINE_PX + plots.SLIDER_PX
+    assert out["layout"]["margin"]["t"] >= plots.TOOLBAR_PX + plots.TITLE_LINE_PX + plots.SLIDER_PX
     y_title = plots.fit_to_column(go.Figure(layout=dict(yaxis_title="a" * 20 + " " + "b" * 20)))
     assert y_title["layout"]["yaxis"]["title"]["text"] == "a" * 20 + "<br>" + "b" * 20
 
@@ -40,4 +40,4 @@ def test_a_long_legend_makes_the_figure_taller_not_the_plot_smaller():
     curves = {f"curve {i}": ([16, 32], np.full((5, 2), 0.5)) for i in range(5)}
     fig = plots.accuracy_vs_length(curves, 1 / 16, 16, "t")
     out = plots.fit_to_column(fig)
-    assert out["layout"]["height"] == plots.FIGURE_HEIGHT + plots.TITLE_LINE_PX + 4 * plots.LEGEND_LINE_PX
+    assert out["layout"]["height"] == plots.FIGURE_HEIGHT + 4 * plots.LEGEND_LINE_PX  # title "t": one line

@@ -91,6 +91,8 @@ TEXT_BOXES_JS = """(i) => { const gd = document.querySelectorAll('.js-plotly-plo
         if (k === 'trace' || k === 'hoverlayer' || !t.textContent.trim()) continue;
         const st = getComputedStyle(t);
         if (st.display === 'none' || st.visibility === 'hidden' || parseFloat(st.opacity || '1') === 0) continue;
+        if (/rgba\\(.*,\\s*0\\)$/.test(st.fill) || st.fill === 'none' || parseFloat(st.fillOpacity || '1') === 0)
+            continue;  // drawn transparent: not shown
         const r = t.getBoundingClientRect();
         if (r.width === 0 || r.height === 0) continue;
         out.push({kind: k, text: t.textContent.trim().slice(0, 40), x0: r.left - fig.left, y0: r.top - fig.top,
