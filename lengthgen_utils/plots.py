@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
+from ._validate import check_int, per_model, per_model_rows
 from .positional import ENCODINGS, Encoding, get_encoding
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -313,6 +314,10 @@ def reconstruction_figure(ranks, explained: dict, title: str) -> go.Figure:
     return fig
 
 
+def _int_or_none(label: str, value):
+    return None if value is None else check_int(label, value)
+
+
 def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int, alias_search: int,
                      title: str) -> go.Figure:
     """First aliasing distance of each model against the first length at which its accuracy drops.
@@ -330,12 +335,12 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
         alias_search: the largest distance searched for an alias (tokens).
 
     Raises:
-        ValueError: the three sequences differ in length, or a value lies beyond its search range.
+        ValueError / TypeError: ``alias_distance`` or ``failure_length`` does not hold one int or None per
+            label (the package's one per-model check), or a value lies beyond its search range.
     """
     n = len(labels)
-    if len(alias_distance) != n or len(failure_length) != n:
-        raise ValueError(f"alias_distance, failure_length and labels must have one entry per model; "
-                         f"got {len(alias_distance)}, {len(failure_length)}, {n}")
+    alias_distance = per_model("alias_distance", alias_distance, n, _int_or_none, shared=False)
+    failure_length = per_model("failure_length", failure_length, n, _int_or_none, shared=False)
     if any(a is not None and a > alias_search for a in alias_distance):
         raise ValueError(f"alias_distance must be <= alias_search={alias_search} or None")
     if any(f is not None and f > longest_tested for f in failure_length):
@@ -381,9 +386,11 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
         labels: ``[M]`` frame names (e.g. "seed 3").
     """
     lengths = np.asarray(lengths)
-    measured = np.asarray(measured, dtype=float)
-    fine, p_exact = np.asarray(exact[0]), np.asarray(exact[1], dtype=float)
-    fine_mf, p_mf = np.asarray(mean_field[0]), np.asarray(mean_field[1], dtype=float)
+    labels = list(labels)
+    measured = per_model_rows("measured", np.asarray(measured, dtype=float), max(len(labels), 1))
+    fine, p_exact = np.asarray(exact[0]), per_model_rows("exact", np.asarray(exact[1], dtype=float), len(labels))
+    fine_mf = np.asarray(mean_field[0])
+    p_mf = per_model_rows("mean_field", np.asarray(mean_field[1], dtype=float), len(labels))
     ratio = lambda p: 1.0 / np.clip(p, 1e-300, None) - 1.0
     frames = []
     for i, lab in enumerate(labels):

@@ -111,7 +111,7 @@ def test_bad_inputs_raise():
         analysis.kernel_at(RetrievalHead(), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="must lie in"):
         theory.exact_target_mass(torch.zeros(1, 10), 3, [11])
-    with pytest.raises(ValueError, match="rho must be finite and > 0"):
+    with pytest.raises(ValueError, match="rho must be a finite number > 0"):
         theory.mean_field_target_mass([10], 1.0, 0.0)
 
 
@@ -191,7 +191,7 @@ def test_alias_vs_failure_draws_censored_heads_apart():
     assert fig.layout.xaxis.ticktext[-1] == "none ≤ 4096" and right_column > 4097
     assert list(by_name["no failure up to 1024"].y) == [top_row] and list(by_name["no failure up to 1024"].x) == [601]
     assert list(by_name["no alias up to 4096"].x) == [right_column] and list(by_name["no alias up to 4096"].y) == [256]
-    with pytest.raises(ValueError, match="one entry per model"):
+    with pytest.raises(ValueError, match="failure_length must be 1 value, one per model; got 2"):
         plots.alias_vs_failure([1], [1, 2], ["a"], longest_tested=64, alias_search=256, title="t")
     with pytest.raises(ValueError, match="failure_length"):
         plots.alias_vs_failure([20], [2048], ["a"], longest_tested=1024, alias_search=4096, title="t")
