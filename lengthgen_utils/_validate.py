@@ -50,6 +50,30 @@ def check_int_sequence(name: str, values, minimum: int | None = None) -> tuple[i
     return tuple(check_int(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(values))
 
 
+def check_float_sequence(name: str, values) -> tuple[float, ...]:
+    """Return a non-empty sequence of finite real numbers as a tuple of floats (a list or 1-d tensor is accepted).
+
+    Raises:
+        TypeError: ``values`` is not a sequence, or holds something that is not a real number.
+        ValueError: ``values`` is empty or holds a NaN or infinite number.
+    """
+    if hasattr(values, "tolist") and getattr(values, "ndim", 1) <= 1:
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of numbers; got {type(values).__name__} {values!r:.60}")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} must not be empty")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name}[{i}] must be a real number; got {type(v).__name__} {v!r:.60}")
+        if not math.isfinite(v):
+            raise ValueError(f"{name}[{i}] must be finite; got {name}[{i}]={v}")
+        out.append(float(v))
+    return tuple(out)
+
+
 def check_rope_base(name: str, value) -> float:
     """Return a RoPE base as a float if it is a finite real number > 1 (so that frequencies decrease).
 

@@ -530,7 +530,7 @@ class RoPE(Encoding):
         object.__setattr__(self, "base", check_rope_base("base", self.base))
         if not isinstance(self.interleaved, bool):
             raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
-        if self.angle_dtype not in ANGLE_DTYPES:
+        if not isinstance(self.angle_dtype, str) or self.angle_dtype not in ANGLE_DTYPES:
             raise ValueError(f"angle_dtype must be one of {tuple(ANGLE_DTYPES)}; got {self.angle_dtype!r}")
 
     @property
