@@ -379,14 +379,15 @@ def expected_squared_error(kernel: Tensor, offset: int, vocab_size: int) -> Tens
         vocab_size: V.
 
     Returns:
-        ``[...]``: ``(1 - 1/V) sum_j r_j^2 + (1/V) (sum_j r_j)^2`` with ``r = s - e_k`` over content positions.
+        float64 ``[...]``: ``(1 - 1/V) sum_j r_j^2 + (1/V) (sum_j r_j)^2`` with ``r = s - e_k`` over content
+        positions (computed in float64 whatever the kernel's dtype).
     """
     offset = check_int("offset", offset, minimum=1)
     vocab_size = check_int("vocab_size", vocab_size, minimum=2)
     seq_len = kernel.shape[-1]
     if offset > seq_len - 2:
         raise ValueError(f"offset must be <= seq_len - 2 = {seq_len - 2}; got offset={offset}")
-    r = kernel[..., :-1].clone()
+    r = kernel[..., :-1].to(torch.float64)  # a copy: float16 squares would overflow above 256
     r[..., seq_len - 1 - offset] -= 1
     return (1 - 1 / vocab_size) * (r ** 2).sum(-1) + (r.sum(-1) ** 2) / vocab_size
 

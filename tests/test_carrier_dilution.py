@@ -67,7 +67,7 @@ def test_matched_filter_alignment_is_one_and_peaks_at_minus_k():
 
 def test_participation_ratio_values_and_errors():
     pr = analysis.participation_ratio(torch.tensor([[1.0, 0, 0, 0], [1.0, 1, 1, 1], [3.0, 1, 0, 0]]))
-    torch.testing.assert_close(pr, torch.tensor([1.0, 4.0, 1.6]))
+    torch.testing.assert_close(pr, torch.tensor([1.0, 4.0, 1.6], dtype=torch.float64))  # computed in float64
     with pytest.raises(ValueError, match="weights must be >= 0"):
         analysis.participation_ratio(torch.tensor([1.0, -1.0]))
     with pytest.raises(ValueError, match="all zero"):
