@@ -165,17 +165,19 @@ def test_scaled_accuracy_with_unit_scale_matches_accuracy_by_length():
                                accuracy_by_length(model, task, lengths, n_samples=256))
 
 
-def test_slider_figures_have_one_frame_per_step():
+def test_slider_figures_have_one_step_per_panel():
     from lengthgen_utils import plots
     import numpy as np
     fig = plots.kernel_slider([-2, -1, 0], {1: np.zeros((2, 3)), 2: np.ones((2, 3))}, 16, "t")
-    assert [f.name for f in fig.frames] == ["1", "2"]
-    assert len(fig.layout.sliders[0].steps) == 2 and len(fig.data) == 3  # 2 seeds + the target line
+    steps = fig.layout.sliders[0].steps
+    assert [s.label for s in steps] == ["1", "2"]
+    assert len(fig.data) == 6 and steps[1].args[0]["visible"] == [False] * 3 + [True] * 3  # 2 seeds + target line
     with pytest.raises(ValueError, match="must be"):
         plots.kernel_slider([-1, 0], {1: np.zeros((2, 3))}, 16, "t")
     p = np.array([[0.9, 0.5], [0.99, 0.2]])
     fig = plots.dilution_slider([16, 32], p, ([16, 32], p), ([16, 32], p), ["a", "b"], "t")
-    assert len(fig.frames) == 2 and fig.frames[1].layout.yaxis.range[1] > fig.frames[0].layout.yaxis.range[1]
+    steps = fig.layout.sliders[0].steps
+    assert len(steps) == 2 and steps[1].args[1]["yaxis.range"][1] > steps[0].args[1]["yaxis.range"][1]
 
 
 def test_alias_vs_failure_draws_censored_heads_apart():

@@ -8,13 +8,20 @@
 
 Each kind has one test per reported example, with the right value, and a sweep over the package.
 """
+import base64
 import copy
 import dataclasses
 import importlib
 import inspect
+import json
 import pkgutil
+import re
+import warnings
+from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 import torch
 
@@ -146,7 +153,8 @@ ONE_VALUE = {
                "tasks.batch_targets", "tasks.query_targets"},  # [B, L] shared by every model
     "weights": {"kernel.participation_ratio"},  # any non-negative weights, no model dimension assumed
     "labels": {"plots.alias_vs_failure", "plots.dilution_slider"},  # define M: the others are checked against them
- "measured": set(), "exact": set(), "mean_field": set(), "alias_distance": set(),
+    "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel
+    "mean_field": {"plots.dilution_panel"}, "alias_distance": set(),
     "failure_length": set(), "margin": set(), "rho": set(), "p_star": set(),
 }
 
@@ -540,3 +548,131 @@ def test_linear_attention_never_tells_the_user_to_do_what_they_are_already_doing
     assert "use feature_map='elu+1'" not in message and "(e.g. 'elu+1')" not in message  # what the caller does
     with pytest.raises(ValueError, match="elu\\+1"):  # the identity map is not positive: elu+1 is the advice
         attention.linear_attention(q, -q, torch.ones(1, 3, 4), feature_map="identity")
+
+
+# ================================================================ 4. slider figures keep everything of each panel
+SLIDER_FRAME = {"height", "width", "margin", "autosize", "sliders", "updatemenus", "template"}  # the slider's own
+
+
+def _apply_step(fig, step):
+    """The figure as plotly.js shows it after the slider moves to ``step`` (method "update": traces, then layout)."""
+    assert step.method == "update"
+    shown = go.Figure(fig)
+    for trace, visible in zip(shown.data, step.args[0]["visible"], strict=True):
+        trace.visible = visible
+    for path, value in step.args[1].items():
+        shown.layout[path] = value
+    return shown
+
+
+def _decoded(spec):
+    """Plotly JSON with its typed arrays (``{"dtype", "bdata"}``, base64) read back as plain lists and empty
+    containers dropped (plotly.js draws both forms alike)."""
+    if isinstance(spec, dict):
+        if set(spec) >= {"dtype", "bdata"}:
+            values = np.frombuffer(base64.b64decode(spec["bdata"]), dtype=spec["dtype"])
+            shape = [int(n) for n in str(spec.get("shape", len(values))).split(",")]  # plotly writes "rows, cols"
+            return values.reshape(shape).tolist()
+        decoded = {k: _decoded(v) for k, v in spec.items()}
+        return {k: v for k, v in decoded.items() if v != {}}  # an emptied container is the default, as if absent
+    if isinstance(spec, list):
+        return [_decoded(v) for v in spec]
+    return spec
+
+
+def _what_is_shown(fig):
+    """The visible traces (with their visibility state) and the whole layout but the slider's own frame, as JSON."""
+    spec = _decoded(json.loads(pio.to_json(fig, validate=False)))
+    traces = [{**t, "visible": t.get("visible", True)} for t in spec["data"] if t.get("visible", True) is not False]
+    layout = {k: v for k, v in spec["layout"].items() if k not in SLIDER_FRAME}
+    return traces, layout
+
+
+def assert_steps_show_their_panels(fig, panels):
+    """Every step of ``fig``'s slider shows exactly its stand-alone panel; the page opens on the active one."""
+    (slider,) = fig.layout.sliders
+    assert len(slider.steps) == len(panels)
+    for i, (step, panel) in enumerate(zip(slider.steps, panels)):
+        assert _what_is_shown(_apply_step(fig, step)) == _what_is_shown(panel), f"step {i} ({step.label})"
+    assert _what_is_shown(fig) == _what_is_shown(panels[slider.active]), "the page does not open on the active step"
+
+
+def _accuracy_panel(means, title, n_curves=2, lengths=(16, 32, 64)):
+    curves = {pe: (list(lengths), np.array([means] * 5)) for pe in ("rope", "ape", "nope", "alibi")[:n_curves]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the below-chance flag also warns
+        return plots.accuracy_vs_length(curves, chance=1 / 16, train_len=16, title=title)
+
+
+def test_slider_step_keeps_its_panels_below_chance_flag_and_legendonly_traces():
+    """The reported example: the slider used to take annotations from the first panel (dropping the "below
+    chance: likely a bug" flag of another) and to make a legend-only trace visible. The flagged panel's step
+    shows its flag, the other step none, and the legend-only trace stays legend-only."""
+    fine = _accuracy_panel([1.0, 0.9, 0.8], "fine")
+    flagged = _accuracy_panel([0.5, 0.01, 0.0], "below chance")  # mean 0.0 < 1/16 - 0.05: flagged
+    flagged.data[1].visible = "legendonly"
+    fig = plots.slider_figure({"a": fine, "b": flagged}, "panel: ", active=0)
+    texts = lambda f: [a.text for a in f.layout.annotations]  # noqa: E731
+    assert not any("likely a bug" in t for t in texts(fig))
+    on_b = _apply_step(fig, fig.layout.sliders[0].steps[1])
+    assert any(t.startswith("below chance: likely a bug") for t in texts(on_b))
+    assert [t.visible for t in on_b.data][4:] == [True, "legendonly", True, True]
+    back = _apply_step(on_b, fig.layout.sliders[0].steps[0])
+    assert not any("likely a bug" in t for t in texts(back))
+    assert_steps_show_their_panels(fig, [fine, flagged])
+    assert_steps_show_their_panels(plots.slider_figure({"a": fine, "b": flagged}, "panel: ", active=1),
+                                   [fine, flagged])
+
+
+def test_slider_steps_switch_axes_legends_shapes_and_trace_counts():
+    """Panels that differ in evaluation lengths (axis ticks), number of curves (legend placement), shapes and
+    trace count: each step is its panel, in both directions."""
+    panels = [_accuracy_panel([1.0, 0.9, 0.8], "three lengths"),
+              _accuracy_panel([1.0, 0.9, 0.8, 0.7], "four curves, four lengths", n_curves=4, lengths=(8, 16, 32, 64)),
+              plots.kernel_panel([-2, -1, 0], np.ones((2, 3)), 1, 2, "a kernel panel", y_range=[-3, 3])]
+    for active in range(3):
+        fig = plots.slider_figure({str(i): p for i, p in enumerate(panels)}, "x: ", active=active)
+        assert_steps_show_their_panels(fig, panels)
+
+
+def _book_sliders():
+    """The slider figures the book builds: ``(plots function, figure, stand-alone panels)``, as in the chapters."""
+    g = _gen(0)
+    lengths = [16, 32, 64, 128]
+    sweep = {k: {pe: (lengths, torch.rand(5, 4, generator=g).numpy()) for pe in ("rope", "ape", "nope")}
+             for k in (1, 3, 5)}
+    sweep[5]["nope"] = (lengths, np.zeros((5, 4)))  # a below-chance panel, as a bug would show it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        panels = [plots.accuracy_vs_length(c, chance=1 / 16, train_len=16, title=f"k = {k}") for k, c in sweep.items()]
+    yield "slider_figure", plots.slider_figure({f"k = {k}": p for k, p in zip(sweep, panels)}, "offset ", 1), panels
+    kernels = {k: torch.randn(3, 49, generator=g).double().numpy() for k in (1, 3, 5)}
+    fig = plots.kernel_slider(list(range(-48, 1)), kernels, 16, "kernels")
+    y = [s.min() for s in kernels.values()], [s.max() for s in kernels.values()]
+    y_range = [min(y[0]) - 0.05 * (max(y[1]) - min(y[0])), max(y[1]) + 0.05 * (max(y[1]) - min(y[0]))]
+    yield "kernel_slider", fig, [plots.kernel_panel(list(range(-48, 1)), s, k, 16, "kernels", y_range)
+                                 for k, s in kernels.items()]
+    rows = {L: torch.softmax(torch.randn(3, L, generator=g), -1) for L in (16, 24, 40)}
+    yield "attention_row_slider", plots.attention_row_slider(rows, 16, 3, "rows"), [
+        plots.attention_row_panel(rows[L], 16, 3, "rows", x_max=40) for L in (16, 24, 40)]
+    fine = [16, 32, 64, 128, 256]
+    p = torch.rand(3, 5, generator=g).numpy() * 0.9 + 0.05
+    yield "dilution_slider", plots.dilution_slider([16, 64], p[:, [0, 2]], (fine, p), (fine, p ** 2), "abc", "dil"), [
+        plots.dilution_panel([16, 64], p[i, [0, 2]], (fine, p[i]), (fine, p[i] ** 2), "dil") for i in range(3)]
+
+
+def test_every_slider_figure_of_the_book_is_swept():
+    """Discovery: every plots function the chapters call to build a slider is in the sweep below."""
+    called = set()
+    for path in sorted((Path(__file__).parents[1] / "chapters").glob("*.ipynb")):
+        source = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        called |= set(re.findall(r"plots\.(\w*slider\w*)\(", source))
+    assert called and called <= {name for name, _, _ in _book_sliders()}, called
+
+
+@pytest.mark.parametrize("name", ["slider_figure", "kernel_slider", "attention_row_slider", "dilution_slider"])
+def test_every_book_slider_step_equals_its_stand_alone_panel(name):
+    """Each step of each slider figure the book builds shows its stand-alone panel exactly: traces and their
+    visibility, title, annotations (chapter 1's below-chance flag included), shapes, axes and legend."""
+    (fig, panels), = [(f, p) for n, f, p in _book_sliders() if n == name]
+    assert_steps_show_their_panels(fig, panels)
