@@ -417,7 +417,8 @@ def dilution_panel(lengths, measured, exact, mean_field, title: str) -> go.Figur
             go.Scatter(x=np.asarray(mean_field[0]), y=_distractor_ratio(p_mf), mode="lines",
                        name="mean-field law (from the training window)",
                        line=dict(color="#d62728", dash="dash", width=2)),
-            go.Scatter(x=np.asarray(lengths), y=_distractor_ratio(measured), mode="markers", name="measured in the model",
+            go.Scatter(x=np.asarray(lengths), y=_distractor_ratio(measured), mode="markers",
+                       name="measured in the model",
                        marker=dict(color="black", size=10, symbol="circle-open", line=dict(width=2)))]
     ys = np.concatenate([_distractor_ratio(p_exact), _distractor_ratio(p_mf), _distractor_ratio(measured)])
     ys = ys[ys > 0]

@@ -104,8 +104,8 @@ class RetrievalExplorer(widgets.VBox):
         self.batch_size = profile.batch_size
         check_int("train_len", train_len, minimum=TRAIN_LENS[0], maximum=TRAIN_LENS[1])
         if (train_len - TRAIN_LENS[0]) % TRAIN_LENS[2]:
-            raise ValueError(f"train_len must be one of the slider's steps "
-                             f"{tuple(range(TRAIN_LENS[0], TRAIN_LENS[1] + 1, TRAIN_LENS[2]))}; got train_len={train_len}")
+            steps = tuple(range(TRAIN_LENS[0], TRAIN_LENS[1] + 1, TRAIN_LENS[2]))
+            raise ValueError(f"train_len must be one of the slider's steps {steps}; got train_len={train_len}")
         check_int("offset", offset, minimum=1)
         if offset > max_offset(train_len):
             raise ValueError(f"offset must be at most min({OFFSET_MAX}, train_len - 2) = {max_offset(train_len)} "
