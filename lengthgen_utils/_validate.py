@@ -50,6 +50,30 @@ def check_int_sequence(name: str, values, minimum: int | None = None) -> tuple[i
     return tuple(check_int(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(values))
 
 
+def check_float_sequence(name: str, values) -> tuple[float, ...]:
+    """Return a non-empty sequence of finite real numbers as a tuple of floats (a list or 1-d tensor is accepted).
+
+    Raises:
+        TypeError: ``values`` is not a sequence, or holds something that is not a real number.
+        ValueError: ``values`` is empty or holds a NaN or infinite number.
+    """
+    if hasattr(values, "tolist") and getattr(values, "ndim", 1) <= 1:
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of numbers; got {type(values).__name__} {values!r:.60}")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} must not be empty")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name}[{i}] must be a real number; got {type(v).__name__} {v!r:.60}")
+        if not math.isfinite(v):
+            raise ValueError(f"{name}[{i}] must be finite; got {name}[{i}]={v}")
+        out.append(float(v))
+    return tuple(out)
+
+
 def check_rope_base(name: str, value) -> float:
     """Return a RoPE base as a float if it is a finite real number > 1 (so that frequencies decrease).
 
@@ -83,33 +107,144 @@ def check_generator(generator) -> None:
         raise TypeError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
 
 
-def per_model_ints(name: str, value, n_models: int, minimum: int | None = None,
-                   maximum: int | None = None) -> tuple[int, ...]:
-    """One int per model: ``value`` is one int (shared by all ``n_models``) or a sequence of exactly ``n_models``.
+def _count(value) -> int | None:
+    """How many values a per-model argument holds: None for one value, else the length of the sequence."""
+    ndim = getattr(value, "ndim", None)  # tensors and numpy arrays
+    if ndim is not None:
+        return None if ndim == 0 else int(value.shape[0])
+    return None if not hasattr(value, "__len__") or isinstance(value, (str, bytes)) else len(value)
 
-    The one check behind every argument that takes a value per ensemble member (offsets, seeds):
-    the error names the argument, how many values it got and how many the ensemble has.
+
+def _allowed(kind: str, n_models: int, shared: bool) -> str:
+    """The one wording of what a per-model argument may be."""
+    return (f"one {kind} or " if shared else "") + f"{n_models} {kind}{'s' if n_models != 1 else ''}, one per model"
+
+
+def per_model(name: str, value, n_models: int, check, kind: str = "value", shared: bool = True,
+              single=None) -> tuple:
+    """One value per model of an ensemble: the one check behind every per-model argument of the package.
+
+    ``value`` is one value (shared by all ``n_models`` models, if ``shared``) or a sequence of exactly
+    ``n_models`` values; each is passed through ``check(label, v)``, which returns it (converted) or
+    raises naming ``label`` (``name`` or ``name[i]``). Every mismatch raises one wording,
+    ``"<name> must be one <kind> or <M> <kind>s, one per model; got <n>"``, so an error always
+    names the argument, how many values it got and how many the ensemble has.
+
+    Args:
+        name: the argument's name, as the caller spells it.
+        value: the argument.
+        n_models: the ensemble size M >= 1.
+        check: ``check(label, v) -> v``, raising ``TypeError``/``ValueError`` naming ``label``.
+        kind: what one value is, for the message (``"int"``, ``"task"``, ``"row"``, ...).
+        shared: whether one value may stand for every model (False e.g. for initialisation seeds).
+        single: ``single(value) -> bool``, whether ``value`` is one value rather than a sequence of
+            them (default: anything that is not a list, tuple, range, 1-d array or 1-d tensor).
+
+    Returns:
+        a tuple of ``n_models`` checked values.
 
     Raises:
-        TypeError: ``value`` is neither an int nor a sequence of ints (a 0-d or 1-d integer tensor counts).
+        TypeError: ``value`` is neither one value nor a sequence (or one value where ``shared`` is False).
+        ValueError: a sequence of the wrong length; whatever ``check`` raises for a value.
+    """
+    import torch
+
+    n_models = check_int("n_models", n_models, minimum=1)
+    allowed = _allowed(kind, n_models, shared)
+    if isinstance(value, torch.Tensor) and value.dim() <= 1:
+        value = value.tolist()
+    elif hasattr(value, "ndim") and hasattr(value, "tolist") and getattr(value, "ndim", 2) <= 1:
+        value = value.tolist()  # a numpy array or scalar
+    is_single = single(value) if single is not None else not isinstance(value, (list, tuple, range))
+    if is_single:
+        if not shared:
+            raise TypeError(f"{name} must be {allowed}; got one {type(value).__name__} {value!r:.60}")
+        return (check(name, value),) * n_models
+    values = tuple(value)
+    if len(values) != n_models:
+        raise ValueError(f"{name} must be {allowed}; got {len(values)}")
+    return tuple(check(f"{name}[{i}]", v) for i, v in enumerate(values))
+
+
+def per_model_ints(name: str, value, n_models: int, minimum: int | None = None,
+                   maximum: int | None = None, shared: bool = True) -> tuple[int, ...]:
+    """One int per model (offsets, seeds): :func:`per_model` with :func:`check_int` on each value.
+
+    ``value`` is one int (shared by all ``n_models``, unless ``shared=False``) or a sequence of
+    exactly ``n_models`` ints; a 0-d or 1-d integer tensor or numpy array counts.
+
+    Raises:
+        TypeError: ``value`` is neither an int nor a sequence of ints (a float, a bool, a string ...).
         ValueError: a sequence of the wrong length, or a value out of range.
     """
     import torch
 
-    if isinstance(value, torch.Tensor):
-        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool or value.dim() > 1:
-            raise TypeError(f"{name} must be an int or a sequence of ints; got a {value.dtype} tensor "
-                            f"of shape {tuple(value.shape)}")
-        value = value.tolist()
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return (check_int(name, value, minimum, maximum),) * n_models
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{name} must be an int or a sequence of {n_models} ints (one per model); "
-                        f"got {type(value).__name__} {value!r}")
-    values = tuple(value)
-    if len(values) != n_models:
-        raise ValueError(f"{name} must be one int or {n_models} ints (one per model); got {len(values)}")
-    return tuple(check_int(f"{name}[{i}]", v, minimum, maximum) for i, v in enumerate(values))
+    if isinstance(value, torch.Tensor) and (value.dtype.is_floating_point or value.dtype.is_complex
+                                            or value.dtype == torch.bool or value.dim() > 1):
+        raise TypeError(f"{name} must be an int or a sequence of ints; got a {value.dtype} tensor "
+                        f"of shape {tuple(value.shape)}")
+    return per_model(name, value, n_models, lambda label, v: check_int(label, v, minimum, maximum), "int", shared,
+                     single=lambda v: not hasattr(v, "__iter__") or isinstance(v, (str, bytes)))
+
+
+def per_model_floats(name: str, value, n_models: int, positive: bool = False) -> tuple[float, ...]:
+    """One finite real number per model (margins, target masses): :func:`per_model` for numbers.
+
+    Raises:
+        TypeError: a value that is not a real number.
+        ValueError: a sequence of the wrong length; a NaN or infinite value, or one <= 0 with ``positive``.
+    """
+    def check(label, v):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{label} must be a real number; got {type(v).__name__} {v!r}")
+        v = float(v)
+        if not math.isfinite(v) or (positive and v <= 0):
+            raise ValueError(f"{label} must be a finite number{' > 0' if positive else ''}; got {label}={v}")
+        return v
+
+    return per_model(name, value, n_models, check, "number",
+                     single=lambda v: not hasattr(v, "__iter__") or isinstance(v, (str, bytes)))
+
+
+def per_model_rows(name: str, array, n_models: int):
+    """Return ``array`` if its leading dimension holds one row per model (``n_models`` rows), else raise.
+
+    For tensors and arrays with a model dimension (``[M, ...]``), in the wording of :func:`per_model`.
+
+    Raises:
+        ValueError: ``array`` has no dimension, or another number of rows.
+    """
+    n_models = check_int("n_models", n_models, minimum=1)
+    rows = _count(array)
+    if rows != n_models:
+        raise ValueError(f"{name} must be {_allowed('row', n_models, False)}; got "
+                         + ("no rows" if rows is None else f"{rows}")
+                         + (f" (shape {tuple(array.shape)})" if hasattr(array, "shape") else ""))
+    return array
+
+
+def n_per_model(kind: str = "value", **values) -> int:
+    """The ensemble size M that per-model arguments imply when no model fixes it (each is one value or M).
+
+    M is the length shared by the arguments given as sequences (1 if none is). When they disagree, the
+    length most of them share wins and :func:`per_model` then names the odd ones out; when no length has
+    a majority (e.g. two arguments of 2 and 3 values), the error names them all.
+
+    Raises:
+        ValueError: sequences of different lengths and no majority.
+    """
+    counts = {name: c for name, c in ((name, _count(v)) for name, v in values.items()) if c is not None}
+    if not counts:
+        return 1
+    tally = {}
+    for c in counts.values():
+        tally[c] = tally.get(c, 0) + 1
+    ranked = sorted(tally.items(), key=lambda item: -item[1])
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        names = [n for n in values if n in counts]
+        raise ValueError(f"{' and '.join(names)} must each be one {kind} or M {kind}s, one per model, with the same M; "
+                         "got " + ", ".join(f"{n}: {counts[n]}" for n in names))
+    return ranked[0][0]
 
 
 def normalize_sequence(config, name: str, minimum: int | None = None) -> tuple[int, ...]:

@@ -228,9 +228,11 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, normalize: bool = True, fe
     The normalised form is evaluated as ``v_0 + sum_j w_tj (v_j - v_0)`` (the same value,
     since the weights sum to 1 and every query sees key 0), so constant values come
     back *exactly*. The default feature map ``elu(x) + 1`` is positive, so the
-    normaliser never vanishes (Katharopoulos et al. 2020). The unnormalised form with the
+    normaliser never vanishes (Katharopoulos et al. 2020); it is computed as ``exp(x)`` for
+    ``x <= 0``, so far-negative inputs keep positive features. The unnormalised form with the
     identity map is the raw-logit control of chapter 6. Half-precision inputs are computed
-    in float32 (the running sums would otherwise overflow) and the output cast back.
+    in float32 (the running sums would otherwise overflow) and the output cast back; an
+    unnormalised output beyond the dtype's range is refused, not returned as inf.
 
     Args:
         q, k: ``[..., L, d_head]``; v: ``[..., L, d_v]``.
@@ -242,7 +244,8 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, normalize: bool = True, fe
 
     Raises:
         TypeError / ValueError: bad tensors or feature map; ``normalize=True`` with a
-            normaliser that is not positive at some position (the output would be inf/NaN).
+            normaliser that is not positive at some position (the output would be inf/NaN);
+            float16/bfloat16 inputs whose unnormalised output exceeds the dtype's range.
 
     Source: Katharopoulos et al. 2020, *Transformers are RNNs*, eq. (4)-(9).
     """
@@ -252,7 +255,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, normalize: bool = True, fe
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool; got {type(normalize).__name__} {normalize!r}")
     if feature_map == "elu+1":
-        phi = lambda x: F.elu(x) + 1  # noqa: E731
+        phi = _elu_plus_one
     elif feature_map == "identity":
         phi = lambda x: x  # noqa: E731
     elif callable(feature_map):
@@ -268,9 +271,29 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, normalize: bool = True, fe
     state = torch.cumsum(fk[..., :, None] * v[..., None, :], dim=-3)  # S_t: [..., L, d', d_v]
     out = torch.einsum("...lf,...lfe->...le", fq, state)
     if not normalize:
-        return out.to(out_dtype)
+        return _in_dtype(out, out_dtype)
     denom = (fq * torch.cumsum(fk, dim=-2)).sum(-1, keepdim=True)  # [..., L, 1]
     if not bool((denom > 0).all()):
-        raise ValueError("the linear-attention normaliser is not positive at some position; use a positive "
-                         "feature map (e.g. 'elu+1') with normalize=True")
-    return (v_first + out / denom).to(out_dtype)
+        if feature_map == "elu+1":  # positive in exact arithmetic: the normaliser underflowed
+            raise ValueError(f"the linear-attention normaliser underflowed to 0 in {dtype} at some position: the "
+                             "elu+1 features exp(x) of far-negative queries and keys multiply to less than the "
+                             f"smallest {dtype} number; scale q and k down or shift them up")
+        raise ValueError(f"the linear-attention normaliser is <= 0 in {dtype} at some position, so the weights are "
+                         f"undefined: the features of feature_map={feature_map!r} are not positive there (or "
+                         "underflowed); feature_map='elu+1' is positive, computed as exp(x) below 0")
+    return _in_dtype((v_first + out / denom), out_dtype)
+
+
+def _elu_plus_one(x: Tensor) -> Tensor:
+    """``elu(x) + 1``: ``x + 1`` for ``x > 0`` and ``exp(x)`` otherwise, without the cancellation of
+    ``(exp(x) - 1) + 1``, which rounds to 0 for ``x`` below about -17 in float32."""
+    return torch.where(x > 0, x + 1, torch.exp(x.clamp(max=0)))
+
+
+def _in_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` cast to ``dtype``, refusing a finite value beyond ``dtype``'s range (it would become inf)."""
+    out = x.to(dtype)
+    if dtype in LOW_PRECISION and not bool(torch.isfinite(out).all()) and bool(torch.isfinite(x).all()):
+        raise ValueError(f"the result reaches {float(x.abs().max()):.3g}, beyond the largest finite {dtype} "
+                         f"({torch.finfo(dtype).max:g}); pass float32 inputs for it")
+    return out

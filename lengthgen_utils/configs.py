@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from ._validate import check_fits, check_int, check_int_sequence, check_positive_float, normalize_sequence
+from ._validate import (check_fits, check_float_sequence, check_int, check_int_sequence, check_positive_float,
+                        normalize_sequence)
 from .attention import check_attention
 from .positional import Encoding, RoPE, get_encoding
 from .profiles import Profile
@@ -41,6 +42,9 @@ class TrainingSettings:
     weight_decay: float = 0.0
     eval_samples: int = 512
     data_seed: int = 0
+
+    def __post_init__(self):
+        self._check_training()
 
     def _check_training(self, **sizes) -> None:
         """Raise ``ValueError``/``TypeError`` naming the first bad field: these fields, and the int fields
@@ -74,6 +78,9 @@ class SingleHeadSettings(TrainingSettings):
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_len: int | None = None
     min_train_len: int | None = None
+
+    def __post_init__(self):
+        self._check_settings(1)
 
     def _check_settings(self, largest_offset: int) -> None:
         """Raise ``ValueError``/``TypeError`` naming the first bad field (called by the subclasses' ``__post_init__``)."""
@@ -242,8 +249,11 @@ class KernelHeadConfig:
     steps: int
 
     def __post_init__(self):
+        if not isinstance(self.experiment, RetrievalExperiment):
+            raise TypeError(f"experiment must be a RetrievalExperiment; got {type(self.experiment).__name__} "
+                            f"{self.experiment!r:.60}")
         if self.frequencies is not None:
-            object.__setattr__(self, "frequencies", tuple(float(x) for x in self.frequencies))
+            object.__setattr__(self, "frequencies", check_float_sequence("frequencies", self.frequencies))
         check_positive_float("lr_fraction", self.lr_fraction)
         check_int("steps", self.steps, minimum=1)
 
@@ -251,6 +261,9 @@ class KernelHeadConfig:
 @dataclass(frozen=True)
 class TransformerExperiment(TrainingSettings):
     """An ensemble of :class:`~lengthgen_utils.models.Transformer` seeds on a full-sequence task.
+
+    Sequence fields (``eval_lengths``) accept a list and are stored as a tuple, so the configuration
+    stays hashable and keys the results cache.
 
     The :class:`TrainingSettings` (the reconstruction's AdamW recipe of chapter 7 by default:
     lr 1e-3, weight decay 0.05, batch 64, 1500 steps), plus:

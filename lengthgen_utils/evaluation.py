@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ._validate import check_int, check_int_sequence, check_positive_float, per_model_ints
-from .tasks import IGNORE_INDEX, as_task_list, query_targets
+from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from .training import cpu_threads, default_cpu_threads, ensemble_squared_error
 
 
@@ -158,7 +158,7 @@ def token_accuracy_by_position(model, task, seq_len: int, n_samples: int = 256, 
     """
     n_samples = check_int("n_samples", n_samples, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    seq_len = task.check_seq_len(seq_len)
+    seq_len = shared_task(task).check_seq_len(seq_len)
     model.check_positions(torch.arange(seq_len))
     gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
     correct = torch.zeros(model.n_models, seq_len, dtype=torch.float64)

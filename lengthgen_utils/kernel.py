@@ -210,13 +210,18 @@ def carrier_alignment(model, offset, train_len: int | None = None) -> Tensor:
 def participation_ratio(weights: Tensor) -> Tensor:
     """``(sum_i w_i)^2 / sum_i w_i^2`` over the last dim: the effective number of non-negative components.
 
-    1 when one component carries everything, ``n`` when all ``n`` are equal.
+    1 when one component carries everything, ``n`` when all ``n`` are equal. Computed in float64
+    (squares of float16 weights above 256 would overflow).
+
+    Returns:
+        float64 ``[...]``.
 
     Raises:
         ValueError: negative entries, or a row that is all zero.
     """
-    if not isinstance(weights, Tensor):
-        raise TypeError(f"weights must be a torch.Tensor; got {type(weights).__name__}")
+    if not isinstance(weights, Tensor) or weights.dtype.is_complex:
+        raise TypeError(f"weights must be a real torch.Tensor; got {type(weights).__name__}")
+    weights = weights.double()
     if (weights < 0).any():
         raise ValueError(f"weights must be >= 0; got min {float(weights.min()):.3g}")
     denom = (weights ** 2).sum(-1)

@@ -20,20 +20,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import check_int, check_int_sequence, check_positive_float, check_rope_base
+from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, per_model_ints,
+                        per_model_rows)
 from .attention import attention_scores, causal_attention, causal_mask, check_attention, row_weights
 from .positional import Encoding, RoPE, get_encoding, kernel_frequencies, rope_kernel_features
 
 
 def _seeds(seeds, n_models: int) -> tuple[int, ...]:
-    """One initialisation seed per model (default ``0 .. n_models-1``), checked."""
+    """One initialisation seed per model (default ``0 .. n_models-1``), checked by the package's one
+    per-model check (:func:`~lengthgen_utils._validate.per_model_ints`); one int for all is refused
+    (it would make every model the same)."""
     n_models = check_int("n_models", n_models, minimum=1)
     if seeds is None:
         return tuple(range(n_models))
-    seeds = check_int_sequence("seeds", seeds, minimum=0)
-    if len(seeds) != n_models:
-        raise ValueError(f"seeds must have n_models={n_models} entries (one per model); got {len(seeds)}")
-    return seeds
+    return per_model_ints("seeds", seeds, n_models, minimum=0, shared=False)
 
 
 def _normal(gens, *shape, std: float, transpose: bool = False) -> nn.Parameter:
@@ -51,7 +51,9 @@ def _check_tokens(tokens, n_tokens: int, n_models: int, validate: bool, batched_
     if not isinstance(tokens, Tensor) or tokens.dtype != torch.long:
         raise TypeError(f"tokens must be a LongTensor [B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)}")
     dims = (2, 3) if batched_models else (2,)
-    if tokens.dim() not in dims or (tokens.dim() == 3 and tokens.shape[0] != n_models) or tokens.shape[-1] < 1:
+    if tokens.dim() == 3 and batched_models:
+        per_model_rows("tokens", tokens, n_models)
+    if tokens.dim() not in dims or tokens.shape[-1] < 1:
         shape = "[B, L] or [M, B, L]" if batched_models else "[B, L]"
         raise ValueError(f"tokens must have shape {shape} (M = {n_models}, L >= 1); got {tuple(tokens.shape)}")
     if validate and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
@@ -85,8 +87,14 @@ def readout(weights: Tensor, tokens: Tensor, table: Tensor) -> Tensor:
 
     Returns:
         ``[M, B, V]``.
+
+    Raises:
+        ValueError: ``weights`` or ``tokens`` hold another number of models than ``table``.
     """
     m, n_tokens = table.shape[:2]
+    per_model_rows("weights", weights, m)
+    if tokens.dim() == 3:
+        per_model_rows("tokens", tokens, m)
     b, seq_len = tokens.shape[-2:]
     weights = weights[:, None, :] if weights.dim() == 2 else weights
     mass = torch.zeros(m, b, n_tokens, device=table.device, dtype=weights.dtype)

@@ -30,6 +30,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
+from ._validate import check_int, per_model, per_model_rows
 from .positional import ENCODINGS, Encoding, get_encoding
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -102,9 +103,14 @@ def fit_to_column(fig) -> dict:
         for step in slider.get("steps", []):
             args = step.get("args") or []
             for update in args[1:2]:  # the layout update of an "update" step
-                if isinstance(update, dict) and update.get("title.text"):
-                    update["title.text"] = wrap_text(update["title.text"], TITLE_CHARS)
-                    n_lines = max(n_lines, _lines(update["title.text"]))
+                if not isinstance(update, dict):
+                    continue
+                for key, value in update.items():
+                    if key == "title.text" and value:
+                        update[key] = wrap_text(value, TITLE_CHARS)
+                        n_lines = max(n_lines, _lines(update[key]))
+                    elif key.endswith("title.text") and key[0] in "xy" and value:
+                        update[key] = wrap_text(value, X_TITLE_CHARS if key[0] == "x" else Y_TITLE_CHARS)
     for frame in fig.get("frames") or []:
         frame_title = (frame.get("layout") or {}).get("title")
         if isinstance(frame_title, dict) and frame_title.get("text"):
@@ -336,16 +342,45 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
 SEED_COLORS = PALETTE
 
 
-def _slider(labels: list, prefix: str) -> dict:
-    """A plotly slider whose step ``i`` shows frame ``labels[i]`` (works in static HTML, no kernel)."""
-    steps = [dict(method="animate", label=str(lab),
-                  args=[[str(lab)], dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))])
-             for lab in labels]
-    return dict(active=0, currentvalue=dict(prefix=prefix), pad=dict(t=55), steps=steps)
+def kernel_panel(offsets, kernel, target_offset: int, train_len: int, title: str, y_range=None) -> go.Figure:
+    """The offset kernel s(D) of every seed for one target offset k: one step of :func:`kernel_slider`.
+
+    Args:
+        offsets: ints D ``[n]`` (x axis, key position minus query position).
+        kernel: ``[n_seeds, n]`` logits in nats.
+        target_offset: k; a dashed line marks ``D = -k``.
+        train_len: the training length (the window ``-(train_len-1) <= D <= 0`` is shaded).
+        title: figure title.
+        y_range: ``[low, high]`` of the y axis (e.g. shared by every step of a slider); None fits the data.
+
+    Returns:
+        a plotly ``Figure`` with one trace per seed and the target line.
+
+    Raises:
+        ValueError: ``kernel`` is not ``[n_seeds, n]``.
+    """
+    x = np.asarray(offsets)
+    s = np.asarray(kernel, dtype=float)
+    if s.ndim != 2 or s.shape[1] != len(x):
+        raise ValueError(f"kernels[{target_offset}] must be [n_seeds, {len(x)}]; got {s.shape}")
+    data = [go.Scatter(x=x, y=row, mode="lines", name=f"seed {i}", line=dict(color=SEED_COLORS[i % 10], width=2),
+                       hovertemplate="D=%{x}: s=%{y:.2f} nats") for i, row in enumerate(s)]
+    data.append(go.Scatter(x=[-target_offset, -target_offset], y=[s.min(), s.max()], mode="lines",
+                           name=f"target D = -{target_offset}", line=dict(color="black", dash="dash", width=2)))
+    fig = go.Figure(data=data)
+    fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
+                  annotation_text="training window", annotation_position="inside top right")
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="relative position D = j − i (tokens)")
+    fig.update_yaxes(title="attention logit s(D) (nats)", range=None if y_range is None else list(y_range))
+    return fig
 
 
 def kernel_slider(offsets, kernels: dict, train_len: int, title: str) -> go.Figure:
-    """The offset kernel s(D) of every seed, one slider frame per target offset k.
+    """The offset kernel s(D) of every seed, one slider step per target offset k.
+
+    Each step is the stand-alone :func:`kernel_panel` of its offset; all share one y range, so the
+    steps can be compared by eye.
 
     Args:
         offsets: ints D ``[n]`` (x axis, key position minus query position).
@@ -354,7 +389,8 @@ def kernel_slider(offsets, kernels: dict, train_len: int, title: str) -> go.Figu
         title: figure title.
 
     Returns:
-        a plotly ``Figure`` with one trace per seed, a marker at ``D = -k`` and a slider over k.
+        a plotly ``Figure`` (:func:`slider_figure`) with one trace per seed, a marker at ``D = -k`` and a
+        slider over k.
 
     Raises:
         ValueError: ``kernels`` is empty or an array is not ``[n_seeds, n]``.
@@ -362,29 +398,18 @@ def kernel_slider(offsets, kernels: dict, train_len: int, title: str) -> go.Figu
     if not kernels:
         raise ValueError("kernels must hold at least one offset")
     x = np.asarray(offsets)
-    frames, ks = [], list(kernels)
-    y_all = []
-    for k in ks:
-        s = np.asarray(kernels[k], dtype=float)
+    arrays = {}
+    for k, s in kernels.items():
+        s = np.asarray(s, dtype=float)
         if s.ndim != 2 or s.shape[1] != len(x):
             raise ValueError(f"kernels[{k}] must be [n_seeds, {len(x)}]; got {s.shape}")
-        y_all.append(s)
-        data = [go.Scatter(x=x, y=row, mode="lines", name=f"seed {i}", line=dict(color=SEED_COLORS[i % 10], width=2),
-                           hovertemplate="D=%{x}: s=%{y:.2f} nats") for i, row in enumerate(s)]
-        data.append(go.Scatter(x=[-k, -k], y=[s.min(), s.max()], mode="lines", name=f"target D = -{k}",
-                               line=dict(color="black", dash="dash", width=2)))
-        frames.append(go.Frame(data=data, name=str(k)))
-    y_lo = min(s.min() for s in y_all)
-    y_hi = max(s.max() for s in y_all)
+        arrays[k] = s
+    y_lo = min(s.min() for s in arrays.values())
+    y_hi = max(s.max() for s in arrays.values())
     pad = 0.05 * (y_hi - y_lo)
-    fig = go.Figure(data=frames[0].data, frames=frames)
-    fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training window", annotation_position="inside top right")
-    fig.update_layout(title=title, sliders=[_slider(ks, "target offset k = ")], height=FIGURE_HEIGHT + 80,
-                      margin=dict(b=120))
-    fig.update_xaxes(title="relative position D = j − i (tokens)")
-    fig.update_yaxes(title="attention logit s(D) (nats)", range=[y_lo - pad, y_hi + pad])
-    return fig
+    y_range = [y_lo - pad, y_hi + pad]
+    return slider_figure({str(k): kernel_panel(x, s, k, train_len, title, y_range) for k, s in arrays.items()},
+                         "target offset k = ")
 
 
 def carrier_spectrum_figure(periods, amplitude, variation, title: str) -> go.Figure:
@@ -428,6 +453,10 @@ def reconstruction_figure(ranks, explained: dict, title: str) -> go.Figure:
     return fig
 
 
+def _int_or_none(label: str, value):
+    return None if value is None else check_int(label, value)
+
+
 def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int, alias_search: int,
                      title: str) -> go.Figure:
     """First aliasing distance of each model against the first length at which its accuracy drops.
@@ -445,12 +474,12 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
         alias_search: the largest distance searched for an alias (tokens).
 
     Raises:
-        ValueError: the three sequences differ in length, or a value lies beyond its search range.
+        ValueError / TypeError: ``alias_distance`` or ``failure_length`` does not hold one int or None per
+            label (the package's one per-model check), or a value lies beyond its search range.
     """
     n = len(labels)
-    if len(alias_distance) != n or len(failure_length) != n:
-        raise ValueError(f"alias_distance, failure_length and labels must have one entry per model; "
-                         f"got {len(alias_distance)}, {len(failure_length)}, {n}")
+    alias_distance = per_model("alias_distance", alias_distance, n, _int_or_none, shared=False)
+    failure_length = per_model("failure_length", failure_length, n, _int_or_none, shared=False)
     if any(a is not None and a > alias_search for a in alias_distance):
         raise ValueError(f"alias_distance must be <= alias_search={alias_search} or None")
     if any(f is not None and f > longest_tested for f in failure_length):
@@ -486,38 +515,63 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
     return fig
 
 
+def _distractor_ratio(p):
+    return 1.0 / np.clip(p, 1e-300, None) - 1.0
+
+
+def dilution_panel(lengths, measured, exact, mean_field, title: str) -> go.Figure:
+    """Distractor-to-target ratio 1/p - 1 of one model against length: one step of :func:`dilution_slider`.
+
+    Args:
+        lengths: ``[n]`` measured lengths; measured ``[n]`` target mass from the model.
+        exact: ``(lengths_fine [f], p [f])`` exact kernel prediction on a fine grid.
+        mean_field: ``(lengths_fine [f], p [f])`` mean-field law from training-window quantities.
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure`` with log axes, its y range fitted to this model's ratios.
+    """
+    p_exact, p_mf, measured = (np.asarray(p, dtype=float) for p in (exact[1], mean_field[1], measured))
+    data = [go.Scatter(x=np.asarray(exact[0]), y=_distractor_ratio(p_exact), mode="lines", name="exact kernel sum",
+                       line=dict(color="#1f77b4", width=3)),
+            go.Scatter(x=np.asarray(mean_field[0]), y=_distractor_ratio(p_mf), mode="lines",
+                       name="mean-field law (from the training window)",
+                       line=dict(color="#d62728", dash="dash", width=2)),
+            go.Scatter(x=np.asarray(lengths), y=_distractor_ratio(measured), mode="markers",
+                       name="measured in the model",
+                       marker=dict(color="black", size=10, symbol="circle-open", line=dict(width=2)))]
+    ys = np.concatenate([_distractor_ratio(p_exact), _distractor_ratio(p_mf), _distractor_ratio(measured)])
+    ys = ys[ys > 0]
+    y_range = [np.log10(ys.min()) - 0.3, np.log10(ys.max()) + 0.3] if ys.size else [-6, 1]
+    fig = go.Figure(data=data)
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
+    fig.update_yaxes(title="1/p - 1 (distractor / target attention, log scale)", type="log", exponentformat="power",
+                     range=[float(y) for y in y_range])
+    return fig
+
+
 def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) -> go.Figure:
-    """Distractor-to-target ratio 1/p - 1 against length, one slider frame per model.
+    """Distractor-to-target ratio 1/p - 1 against length, one slider step per model.
+
+    Each step is the stand-alone :func:`dilution_panel` of its model.
 
     Args:
         lengths: ``[n]`` measured lengths; measured ``[M, n]`` target mass from the model.
         exact: ``(lengths_fine [f], p [M, f])`` exact kernel prediction on a fine grid.
         mean_field: ``(lengths_fine [f], p [M, f])`` mean-field law from training-window quantities.
-        labels: ``[M]`` frame names (e.g. "seed 3").
+        labels: ``[M]`` step names (e.g. "seed 3").
+
+    Raises:
+        ValueError: ``measured``, ``exact`` or ``mean_field`` does not hold one row per label.
     """
-    lengths = np.asarray(lengths)
-    measured = np.asarray(measured, dtype=float)
-    fine, p_exact = np.asarray(exact[0]), np.asarray(exact[1], dtype=float)
-    fine_mf, p_mf = np.asarray(mean_field[0]), np.asarray(mean_field[1], dtype=float)
-    ratio = lambda p: 1.0 / np.clip(p, 1e-300, None) - 1.0
-    frames = []
-    for i, lab in enumerate(labels):
-        data = [go.Scatter(x=fine, y=ratio(p_exact[i]), mode="lines", name="exact kernel sum",
-                           line=dict(color="#1f77b4", width=3)),
-                go.Scatter(x=fine_mf, y=ratio(p_mf[i]), mode="lines", name="mean-field law (from the training window)",
-                           line=dict(color="#d62728", dash="dash", width=2)),
-                go.Scatter(x=lengths, y=ratio(measured[i]), mode="markers", name="measured in the model",
-                           marker=dict(color="black", size=10, symbol="circle-open", line=dict(width=2)))]
-        ys = np.concatenate([ratio(p_exact[i]), ratio(p_mf[i]), ratio(measured[i])])
-        ys = ys[ys > 0]
-        y_range = [np.log10(ys.min()) - 0.3, np.log10(ys.max()) + 0.3] if ys.size else [-6, 1]
-        frames.append(go.Frame(data=data, name=str(lab), layout=dict(yaxis=dict(range=y_range))))
-    fig = go.Figure(data=frames[0].data, frames=frames)
-    fig.update_layout(title=title, sliders=[_slider(list(labels), "")], height=FIGURE_HEIGHT + 80, margin=dict(b=120),
-                      yaxis=dict(range=frames[0].layout.yaxis.range))
-    fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
-    fig.update_yaxes(title="1/p - 1 (distractor / target attention, log scale)", type="log", exponentformat="power")
-    return fig
+    labels = list(labels)
+    measured = per_model_rows("measured", np.asarray(measured, dtype=float), max(len(labels), 1))
+    p_exact = per_model_rows("exact", np.asarray(exact[1], dtype=float), len(labels))
+    p_mf = per_model_rows("mean_field", np.asarray(mean_field[1], dtype=float), len(labels))
+    return slider_figure({str(lab): dilution_panel(lengths, measured[i], (exact[0], p_exact[i]),
+                                                   (mean_field[0], p_mf[i]), title)
+                          for i, lab in enumerate(labels)}, "")
 
 
 # --- chapter 6: linear-attention control and min-norm interpolant
@@ -682,24 +736,76 @@ def head_offset_heatmap(profile, title: str, max_offset: int | None = None, valu
 
 
 # --- static explorers (web book sliders)
-def slider_figure(frames: dict, slider_title: str, active: int = 0) -> go.Figure:
+# What belongs to the figure that holds a slider rather than to one panel: its size and margins (room for the
+# slider), the slider itself and the template. Everything else of a panel's layout is switched by its step.
+_SLIDER_FRAME = frozenset({"height", "width", "margin", "autosize", "sliders", "updatemenus", "template"})
+_LAYOUT_ARRAYS = frozenset({"annotations", "shapes", "images"})  # switched as whole arrays
+
+
+def _plain(value):
+    """``value`` with numpy arrays and scalars turned into lists and Python numbers (slider arguments are JSON)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _layout_paths(fig: go.Figure) -> dict:
+    """A panel's layout as ``{attribute path: value}`` (e.g. ``"xaxis.range"``), without :data:`_SLIDER_FRAME`.
+
+    Annotations, shapes and images are kept as whole arrays; every other attribute is a leaf path, the form
+    plotly's ``update`` method sets (and resets, given ``None``).
+    """
+    out = {}
+
+    def leaves(path, value):
+        if isinstance(value, dict) and value:
+            for key, v in value.items():
+                leaves(f"{path}.{key}", v)
+        else:
+            out[path] = value
+
+    for key, value in _plain(fig.layout.to_plotly_json()).items():
+        if key in _SLIDER_FRAME:
+            continue
+        if key in _LAYOUT_ARRAYS:
+            out[key] = value
+        else:
+            leaves(key, value)
+    return out
+
+
+def _own_visibility(trace) -> bool | str:
+    """How a trace shows in its own figure: ``True``, ``False`` or ``"legendonly"`` (plotly's default is True)."""
+    return True if trace.visible is None else trace.visible
+
+
+def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str = "") -> go.Figure:
     """One figure with a plotly slider that switches between precomputed figures (works with no kernel).
 
-    Every frame's traces are put into one figure; the slider's step ``i``
-    makes only frame ``i``'s traces visible and sets frame ``i``'s title
-    (plotly's ``"update"`` method, so frames may have different numbers of
-    traces). Axes, shapes and annotations (chance line, training length) come
-    from the first frame, so frames should share them. Everything is in the
-    page's HTML: moving the slider needs plotly.js only, not Python.
+    Each slider step shows its panel exactly as the stand-alone figure does: every trace of the
+    panel in its own visibility state (a ``"legendonly"`` trace stays legend-only; the other panels'
+    traces are hidden) and the panel's whole layout, title, annotations (e.g. the "below chance: likely
+    a bug" flag of :func:`accuracy_vs_length`), shapes, axes (ranges, ticks, titles) and legend. Steps
+    use plotly's ``"update"`` method and carry the layout attributes that differ between panels, so
+    frames may differ in their number of traces and in any layout attribute. Only the figure's height
+    and margins belong to the slider figure (it adds room for the slider under the plot). Everything is
+    in the page's HTML: moving the slider needs plotly.js only, not Python.
 
     Args:
         frames: ``{label: go.Figure or list of traces}``, in slider order; ``label`` is the step's text
             (e.g. ``"k = 3"``).
         slider_title: text before the current step's label (e.g. ``"offset k: "``).
         active: index of the frame shown when the page loads.
+        suffix: text after the current step's label (e.g. ``" tokens"``).
 
     Returns:
-        a plotly ``Figure`` with one slider under the plot.
+        a plotly ``Figure`` with one slider under the plot, showing frame ``active``.
 
     Raises:
         ValueError: ``frames`` is empty, a frame has no traces, or ``active`` is out of range.
@@ -720,25 +826,29 @@ def slider_figure(frames: dict, slider_title: str, active: int = 0) -> go.Figure
         if not frame.data:
             raise ValueError(f"frame {label!r} has no traces")
         figs[label] = frame
-    first = next(iter(figs.values()))
-    fig = go.Figure(layout=first.layout)
-    owner = []  # frame index of every trace
-    for i, frame in enumerate(figs.values()):
+    panels = list(figs.values())
+    shown = panels[active]
+    fig = go.Figure(layout=shown.layout)  # the page opens on the active panel, its layout entire
+    owner = []  # panel index of every trace
+    for i, frame in enumerate(panels):
         for trace in frame.data:
             fig.add_trace(trace)
             owner.append(i)
+    layouts = [_layout_paths(frame) for frame in panels]
+    paths = sorted(set().union(*layouts))
+    empty = {key: [] for key in _LAYOUT_ARRAYS}  # a panel without annotations clears the others'
+    varying = [p for p in paths if any(lay.get(p, empty.get(p)) != layouts[0].get(p, empty.get(p)) for lay in layouts)]
     steps = []
     for i, (label, frame) in enumerate(figs.items()):
-        visible = [o == i for o in owner]
-        title = frame.layout.title.text if frame.layout.title.text is not None else ""
-        steps.append(dict(label=label, method="update", args=[{"visible": visible}, {"title.text": title}]))
-    for trace, o in zip(fig.data, owner):
-        trace.visible = o == active
-    active_title = list(figs.values())[active].layout.title.text
-    height = (first.layout.height or FIGURE_HEIGHT) + 90
-    fig.update_layout(title_text=active_title, height=height, margin_b=150,
-                      sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=slider_title),
-                                    x=0.0, len=1.0, y=0.0, yanchor="top", pad=dict(t=75, b=10))])
+        visible = [_own_visibility(t) if o == i else False for t, o in zip(fig.data, owner)]
+        relayout = {p: layouts[i].get(p, empty.get(p)) for p in varying}
+        steps.append(dict(label=label, method="update", args=[{"visible": visible}, relayout]))
+    for trace, visible in zip(fig.data, steps[active]["args"][0]["visible"]):
+        trace.visible = visible
+    height = max(frame.layout.height or FIGURE_HEIGHT for frame in panels)  # fit_to_column adds the slider's room
+    fig.update_layout(height=height,
+                      sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=slider_title, suffix=suffix),
+                                    x=0.0, len=1.0, y=1.0, yanchor="bottom", pad=dict(t=0, b=18))])
     return fig
 
 
@@ -896,54 +1006,68 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
     return fig
 
 
+def attention_row_panel(row, train_len: int, target_offset: int | None, title: str,
+                        x_max: int | None = None) -> go.Figure:
+    """Attention row of every seed against absolute key position at one test length: one step of
+    :func:`attention_row_slider`.
+
+    Args:
+        row: ``[n_seeds, L]`` attention weights in [0, 1].
+        train_len: longest training length; the training positions are shaded.
+        target_offset: when given, the target key ``L - 1 - k`` is marked.
+        title: figure title.
+        x_max: right end of the x axis (e.g. the longest length of a slider); default ``L``.
+
+    Raises:
+        ValueError: ``row`` is not 2-D.
+    """
+    a = np.asarray(row, dtype=float)
+    if a.ndim != 2:
+        raise ValueError(f"row must be [n_seeds, L]; got shape {a.shape}")
+    seq_len = a.shape[1]
+    data = [go.Scatter(x=np.arange(seq_len), y=r, mode="lines+markers", marker=dict(size=4),
+                       line=dict(color=PALETTE[i % 10], width=1.5), name=f"seed {i}",
+                       hovertemplate=f"seed {i}: " + "key %{x}: weight %{y:.3f}<extra></extra>")
+            for i, r in enumerate(a)]
+    if target_offset is not None:
+        t = seq_len - 1 - target_offset
+        data.append(go.Scatter(x=[t, t], y=[0, 1.02], mode="lines", line=dict(color="black", dash="dash", width=1),
+                               name="target key L − 1 − k", hoverinfo="skip"))
+    fig = go.Figure(data=data)
+    fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
+                  annotation_text="training positions", annotation_position="inside top left")
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="absolute key position (tokens)", range=[-1, seq_len if x_max is None else x_max])
+    fig.update_yaxes(title="attention weight of the query (fraction)", range=[-0.02, 1.05])
+    return fig
+
+
 def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, title: str) -> go.Figure:
     """Attention rows of every seed against absolute key position, with a slider over the test length.
 
-    Works in static HTML: each slider step shows a precomputed plotly frame.
+    Works in static HTML: each slider step is the stand-alone :func:`attention_row_panel` of its
+    length, all on the x axis of the longest length (so the row is seen to grow).
 
     Args:
         rows: ``{L: attention [n_seeds, L]}`` for each test length L (weights in [0, 1]).
         train_len: longest training length; the training positions are shaded.
-        target_offset: when given, the target key ``L - 1 - k`` of each frame is marked.
+        target_offset: when given, the target key ``L - 1 - k`` of each step is marked.
         title: figure title.
 
     Returns:
-        a plotly ``Figure`` with frames named by L and a slider (starts at the first L).
+        a plotly ``Figure`` (:func:`slider_figure`) with steps labelled by L (starts at the shortest).
 
     Raises:
         ValueError: ``rows`` is empty or a row's width differs from its L.
     """
     _check_panels(rows, "rows")
     lengths = sorted(rows)
-    palette = PALETTE
-
-    def traces(L):
+    for L in lengths:
         a = np.asarray(rows[L], dtype=float)
         if a.ndim != 2 or a.shape[1] != L:
             raise ValueError(f"rows[{L}] must be [n_seeds, {L}]; got shape {a.shape}")
-        out = [go.Scatter(x=np.arange(L), y=r, mode="lines+markers", marker=dict(size=4),
-                          line=dict(color=palette[i % 10], width=1.5), name=f"seed {i}",
-                          hovertemplate=f"seed {i}: " + "key %{x}: weight %{y:.3f}<extra></extra>")
-               for i, r in enumerate(a)]
-        if target_offset is not None:
-            t = L - 1 - target_offset
-            out.append(go.Scatter(x=[t, t], y=[0, 1.02], mode="lines", line=dict(color="black", dash="dash", width=1),
-                                  name="target key L − 1 − k", hoverinfo="skip"))
-        return out
-
-    frames = [go.Frame(data=traces(L), name=str(L)) for L in lengths]
-    fig = go.Figure(data=frames[0].data, frames=frames)
-    steps = [dict(method="animate", label=str(L),
-                  args=[[str(L)], dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))])
-             for L in lengths]
-    fig.update_layout(title=title, height=FIGURE_HEIGHT + 80, margin=dict(b=140),
-                      sliders=[dict(active=0, steps=steps, x=0.0, len=1.0, y=-0.22, yanchor="top",
-                                    currentvalue=dict(prefix="test length L = ", suffix=" tokens"))])
-    fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training positions", annotation_position="inside top left")
-    fig.update_xaxes(title="absolute key position (tokens)", range=[-1, max(lengths)])
-    fig.update_yaxes(title="attention weight of the query (fraction)", range=[-0.02, 1.05])
-    return fig
+    return slider_figure({str(L): attention_row_panel(rows[L], train_len, target_offset, title, max(lengths))
+                          for L in lengths}, "test length L = ", suffix=" tokens")
 
 
 def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None = None) -> go.Figure:

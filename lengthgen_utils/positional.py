@@ -324,8 +324,9 @@ def rope_kernel_coefficients(q: Tensor, k: Tensor, interleaved: bool = False) ->
         interleaved: the channel pairing used by the model.
 
     Returns:
-        ``[..., d_head]`` in the order of :func:`rope_kernel_features` (all ``a``, then all ``b``).
-        Divide by ``sqrt(d_head)`` for a head that scales its logits.
+        ``[..., d_head]`` in the order of :func:`rope_kernel_features` (all ``a``, then all ``b``), in
+        float32 for float16/bfloat16 inputs (their products are formed in float32, as attention scores
+        are), else in the inputs' dtype. Divide by ``sqrt(d_head)`` for a head that scales its logits.
 
     Raises:
         TypeError / ValueError: non-float tensors, mismatched shapes or an odd last dimension.
@@ -338,6 +339,8 @@ def rope_kernel_coefficients(q: Tensor, k: Tensor, interleaved: bool = False) ->
     if q.shape != k.shape or q.shape[-1] % 2:
         raise ValueError(f"q and k must have the same shape [..., d_head] with d_head even; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.dtype in (torch.float16, torch.bfloat16):
+        q, k = q.float(), k.float()
     if interleaved:
         q1, q2, k1, k2 = q[..., 0::2], q[..., 1::2], k[..., 0::2], k[..., 1::2]
     else:
@@ -530,7 +533,7 @@ class RoPE(Encoding):
         object.__setattr__(self, "base", check_rope_base("base", self.base))
         if not isinstance(self.interleaved, bool):
             raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
-        if self.angle_dtype not in ANGLE_DTYPES:
+        if not isinstance(self.angle_dtype, str) or self.angle_dtype not in ANGLE_DTYPES:
             raise ValueError(f"angle_dtype must be one of {tuple(ANGLE_DTYPES)}; got {self.angle_dtype!r}")
 
     @property

@@ -16,7 +16,7 @@ from torch import Tensor
 from ._validate import check_int, check_int_sequence
 from .attention import attention_scores, causal_mask, row_weights
 from .positional import RoPE, rope_angles
-from .tasks import as_task_list, query_targets
+from .tasks import as_task_list, query_targets, shared_task
 from .training import ensemble_cross_entropy
 
 
@@ -332,7 +332,7 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
         index ``d`` holds distance ``d`` (only ``d <= min_query`` are averaged over all queries;
         larger ``d`` are NaN).
     """
-    seq_len = task.check_seq_len(seq_len)
+    seq_len = shared_task(task).check_seq_len(seq_len)
     min_query = seq_len // 2 if min_query is None else check_int("min_query", min_query, 0, seq_len - 1)
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             torch.Generator().manual_seed(seed), device=model.device)

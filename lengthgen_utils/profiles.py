@@ -13,8 +13,21 @@ import os
 from dataclasses import dataclass
 
 from ._validate import check_int, check_int_sequence
+from .attention import check_attention
 
 PROFILE_ENV = "LENGTHGEN_PROFILE"
+
+
+def _frozen(name: str, value):
+    """``value`` with every list turned into a tuple (nested), so that it can be hashed; else ``TypeError``."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(f"{name}[{i}]", v) for i, v in enumerate(value))
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"{name} must be hashable (a number, a string, a tuple, a frozen configuration); "
+                        f"got {type(value).__name__} {value!r:.60}") from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -31,7 +44,13 @@ class Profile:
         offsets: the offsets k a sweep covers.
         attentions: the attention normalisers a sweep covers (``"softmax"``, ``"linear"``).
         transformer: the multi-layer transformer's settings (fields of
-            :class:`~lengthgen_utils.configs.TransformerExperiment`), as ``(name, value)`` pairs.
+            :class:`~lengthgen_utils.configs.TransformerExperiment`), as ``(name, value)`` pairs or a dict.
+
+    Sequence fields accept lists and are stored as tuples (lists inside ``transformer``'s values too),
+    so a profile is hashable.
+
+    Raises:
+        TypeError / ValueError: a field of the wrong type or out of range, naming the field.
     """
 
     name: str
@@ -45,12 +64,25 @@ class Profile:
     transformer: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
-        check_int("n_seeds", self.n_seeds, minimum=1)
-        check_int("steps", self.steps, minimum=1)
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"name must be a non-empty str; got {type(self.name).__name__} {self.name!r}")
+        for name in ("n_seeds", "steps", "batch_size", "eval_samples"):
+            check_int(name, getattr(self, name), minimum=1)
         object.__setattr__(self, "length_multiples", check_int_sequence("length_multiples", self.length_multiples, 1))
         object.__setattr__(self, "offsets", check_int_sequence("offsets", self.offsets, minimum=1))
-        object.__setattr__(self, "attentions", tuple(self.attentions))
-        object.__setattr__(self, "transformer", tuple(dict(self.transformer).items()))
+        if isinstance(self.attentions, (str, bytes)) or not hasattr(self.attentions, "__iter__"):
+            raise TypeError(f"attentions must be a sequence of normaliser names; got {self.attentions!r}")
+        object.__setattr__(self, "attentions", tuple(check_attention(a) for a in self.attentions))
+        if isinstance(self.transformer, (str, bytes)) or not hasattr(self.transformer, "__iter__"):
+            raise TypeError(f"transformer must be (name, value) pairs or a dict; got {self.transformer!r:.60}")
+        try:
+            pairs = dict(self.transformer.items() if isinstance(self.transformer, dict) else self.transformer)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"transformer must be (name, value) pairs or a dict; got {self.transformer!r:.60}") from err
+        for key in pairs:
+            if not isinstance(key, str):
+                raise TypeError(f"transformer keys must be field names (str); got {key!r}")
+        object.__setattr__(self, "transformer", tuple((k, _frozen(f"transformer[{k!r}]", v)) for k, v in pairs.items()))
 
 
 PROFILES = {

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._validate import check_generator, check_int
+from ._validate import check_generator, check_int, per_model
 
 IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
 
@@ -357,17 +357,31 @@ def as_task_list(task, n_models: int) -> list:
         ValueError: a sequence whose length is not ``n_models``, or tasks that differ in
             vocabulary or in their readout (``query_only``).
     """
-    tasks = list(task) if isinstance(task, (list, tuple)) else [task] * n_models
-    for i, t in enumerate(tasks):
+    def check(label, t):
         if not isinstance(t, Task):
-            raise TypeError(f"task[{i}] must be a Task (e.g. FixedOffsetRetrieval); got {type(t).__name__}")
-    if len(tasks) != n_models:
-        raise ValueError(f"task must be one task or a sequence of n_models={n_models} tasks; got {len(tasks)}")
+            raise TypeError(f"{label} must be a Task (e.g. FixedOffsetRetrieval); got {type(t).__name__}")
+        return t
+
+    tasks = list(per_model("task", task, n_models, check, "task"))
     for name in ("vocab_size", "n_tokens", "query_only"):
         values = {getattr(t, name) for t in tasks}
         if len(values) != 1:
             raise ValueError(f"all tasks of one ensemble must share {name}; got {sorted(values)}")
     return tasks
+
+
+def shared_task(task) -> "Task":
+    """Return ``task`` if it is one :class:`Task`, for functions whose models all solve one task.
+
+    Raises:
+        TypeError: ``task`` is a sequence (these functions take no task per model) or not a Task.
+    """
+    if isinstance(task, (list, tuple)):
+        raise TypeError(f"task must be one Task, shared by every model (this function takes no task per model); "
+                        f"got a {type(task).__name__} of {len(task)}")
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be a Task (e.g. DelayedCopy); got {type(task).__name__} {task!r:.60}")
+    return task
 
 
 def batch_targets(tasks: list, tokens: Tensor) -> Tensor:

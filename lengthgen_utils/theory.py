@@ -16,7 +16,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence, check_positive_float, per_model_ints
+from ._validate import (check_int, check_int_sequence, check_positive_float, n_per_model, per_model_floats,
+                        per_model_ints)
 from .positional import check_relative_positions, rope_kernel_features
 
 # --- dilution (chapter 5)
@@ -79,14 +80,16 @@ def mean_field_target_mass(lengths, margin, rho) -> Tensor:
     Returns:
         float64 ``[M, n]`` (or ``[1, n]`` for scalar parameters).
 
+    Raises:
+        ValueError / TypeError: ``margin`` and ``rho`` hold different numbers of models (each is one
+            number or M, the package's one per-model check), a non-finite value, or ``rho <= 0``.
+
     Source: the abstract's attention-dilution law, in the book's reconstruction (chapter 5).
     """
     lengths = torch.tensor(check_int_sequence("lengths", lengths, minimum=2), dtype=torch.float64)
-    margin = torch.as_tensor(margin, dtype=torch.float64).reshape(-1, 1)
-    rho = torch.as_tensor(rho, dtype=torch.float64).reshape(-1, 1)
-    if (rho <= 0).any() or not torch.isfinite(rho).all() or not torch.isfinite(margin).all():
-        raise ValueError(f"rho must be finite and > 0 and margin finite; got rho={rho.flatten().tolist()}, "
-                         f"margin={margin.flatten().tolist()}")
+    m = n_per_model("number", margin=margin, rho=rho)
+    margin = torch.tensor(per_model_floats("margin", margin, m), dtype=torch.float64)[:, None]
+    rho = torch.tensor(per_model_floats("rho", rho, m, positive=True), dtype=torch.float64)[:, None]
     return 1.0 / (1.0 + (lengths[None, :] - 2) * rho * torch.exp(-margin))
 
 
@@ -159,9 +162,20 @@ def critical_target_mass(value_table: Tensor) -> Tensor:
 def critical_length(p_star: Tensor, margin: Tensor, rho: Tensor) -> Tensor:
     """Length at which the mean-field law reaches ``p*``: ``L* = 2 + (1/p* - 1) e^m / rho``.
 
+    Each argument is one number or M numbers, one per model (the package's one per-model check).
+
     Returns float64 ``[M]`` (``inf`` where ``p* = 0``: the mean-field readout never errs).
+
+    Raises:
+        ValueError / TypeError: the arguments hold different numbers of models, a non-finite value,
+            ``p*`` outside ``[0, 1]`` or ``rho <= 0``.
     """
-    p_star, margin, rho = (torch.as_tensor(x, dtype=torch.float64) for x in (p_star, margin, rho))
+    m = n_per_model("number", p_star=p_star, margin=margin, rho=rho)
+    p_star = torch.tensor(per_model_floats("p_star", p_star, m), dtype=torch.float64)
+    margin = torch.tensor(per_model_floats("margin", margin, m), dtype=torch.float64)
+    rho = torch.tensor(per_model_floats("rho", rho, m, positive=True), dtype=torch.float64)
+    if ((p_star < 0) | (p_star > 1)).any():
+        raise ValueError(f"p_star must lie in [0, 1]; got p_star={p_star.tolist()}")
     return 2 + (1 / p_star - 1) * torch.exp(margin) / rho
 
 
@@ -365,14 +379,15 @@ def expected_squared_error(kernel: Tensor, offset: int, vocab_size: int) -> Tens
         vocab_size: V.
 
     Returns:
-        ``[...]``: ``(1 - 1/V) sum_j r_j^2 + (1/V) (sum_j r_j)^2`` with ``r = s - e_k`` over content positions.
+        float64 ``[...]``: ``(1 - 1/V) sum_j r_j^2 + (1/V) (sum_j r_j)^2`` with ``r = s - e_k`` over content
+        positions (computed in float64 whatever the kernel's dtype).
     """
     offset = check_int("offset", offset, minimum=1)
     vocab_size = check_int("vocab_size", vocab_size, minimum=2)
     seq_len = kernel.shape[-1]
     if offset > seq_len - 2:
         raise ValueError(f"offset must be <= seq_len - 2 = {seq_len - 2}; got offset={offset}")
-    r = kernel[..., :-1].clone()
+    r = kernel[..., :-1].to(torch.float64)  # a copy: float16 squares would overflow above 256
     r[..., seq_len - 1 - offset] -= 1
     return (1 - 1 / vocab_size) * (r ** 2).sum(-1) + (r.sum(-1) ** 2) / vocab_size
 

@@ -7,7 +7,6 @@ scale, no global gradient clipping).
 """
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -16,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_fits, check_int, check_int_sequence, check_positive_float
+from ._validate import check_fits, check_int, check_positive_float, per_model_ints
 from .models import KernelHead
-from .tasks import IGNORE_INDEX, as_task_list, query_targets
+from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 
 
 def default_device() -> torch.device:
@@ -233,26 +232,20 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         loss history ``[steps, M]`` (float32, CPU).
 
     Raises:
-        ValueError / TypeError: bad sizes, a seed list whose length is not ``M``, or per-model
+        ValueError / TypeError: bad sizes, a seed list whose length is not ``M`` (the package's one
+            per-model check, :func:`~lengthgen_utils._validate.per_model_ints`), or different per-model
             seeds for a model other than a ``KernelHead``.
     """
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     lr = check_positive_float("lr", lr)
-    if isinstance(seed, numbers.Integral) or (isinstance(seed, Tensor) and seed.dim() == 0):
-        seeds = (check_int("seed", seed, minimum=0),)
-    else:
-        seeds = check_int_sequence("seed", seed, minimum=0)
-    per_model = model.n_models > 1 and len(seeds) > 1  # one model with [s] is the same as seed=s
-    if per_model:
-        if len(seeds) != model.n_models:
-            raise ValueError(f"seed must be one int or one per model (n_models={model.n_models}); "
-                             f"got {len(seeds)} seeds")
-        if not isinstance(model, KernelHead):
-            raise TypeError(f"per-model seeds need a KernelHead (its query token has value zero, so "
-                            f"left-padding is exact); got {type(model).__name__}")
-    elif len(seeds) != 1:
-        raise ValueError(f"seed must be one int or one per model (n_models={model.n_models}); got {len(seeds)} seeds")
+    seeds = per_model_ints("seed", seed, model.n_models, minimum=0)
+    per_model = len(set(seeds)) > 1  # equal seeds draw equal streams: one shared stream is the same
+    if per_model and not isinstance(model, KernelHead):
+        raise TypeError(f"per-model seeds need a KernelHead (its query token has value zero, so "
+                        f"left-padding is exact); got {type(model).__name__}")
+    if not per_model:
+        seeds = seeds[:1]
     tasks = as_task_list(task, model.n_models)
     if per_model and any(t != tasks[0] for t in tasks):
         raise ValueError("per-model seeds need one task shared by all models")
@@ -330,8 +323,7 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     lr = check_positive_float("lr", lr)
     weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
     seed = check_int("seed", seed, minimum=0)
-    train_len = check_fits("train_len", train_len, task.check_seq_len)
-    as_task_list(task, model.n_models)  # checks that it is a Task
+    train_len = check_fits("train_len", train_len, shared_task(task).check_seq_len)
     if task.n_tokens != model.config.vocab_size:
         raise ValueError(f"task input vocabulary {task.n_tokens} differs from model vocab_size={model.config.vocab_size}")
     device = torch.device(device) if device is not None else default_device()

@@ -14,6 +14,7 @@ needs the extra ``anywidget`` package.
 """
 from __future__ import annotations
 
+import html
 import time
 
 import ipywidgets as widgets
@@ -31,6 +32,22 @@ CHAPTER_1_ENCODINGS = ("rope", "ape", "nope")
 PE_CHOICES = (("RoPE, APE and NoPE", "all"),) + tuple((get_encoding(n).label, n) for n in encoding_names())
 EVAL_LENGTHS = (16, 32, 64, 128, 256, 512)  # choices of the longest evaluation length (tokens)
 MAX_LEN = max(EVAL_LENGTHS)  # APE tables are sized for it, so changing the evaluation length never retrains
+OFFSET_MAX = 8  # the largest offset the slider offers (when the training length allows it)
+TRAIN_LENS = (8, 32, 4)  # training length slider: min, max, step (tokens)
+
+
+def max_offset(train_len: int) -> int:
+    """The largest offset a training length admits on the slider: ``min(OFFSET_MAX, train_len - 2)``.
+
+    The task needs ``offset <= train_len - 2`` (the target must be a content token of every training
+    sequence; :class:`~lengthgen_utils.tasks.FixedOffsetRetrieval`).
+    """
+    return min(OFFSET_MAX, train_len - 2)
+
+
+def eval_choices(train_len: int) -> tuple[int, ...]:
+    """The longest-evaluation-length choices at a training length: those of :data:`EVAL_LENGTHS` ``>= train_len``."""
+    return tuple(L for L in EVAL_LENGTHS if L >= train_len)
 
 
 def _figure_output(fig) -> dict:
@@ -48,12 +65,17 @@ class RetrievalExplorer(widgets.VBox):
     Controls (all public attributes, so they can be set from code and tested):
 
     * ``offset`` (k), ``train_len`` (longest training length, tokens) and ``pe``
-      select what is trained. Trained ensembles are kept per ``(pe, offset, train_len)``:
+      select what is trained. The controls keep each other valid: the offset slider ends at
+      ``min(8, train_len - 2)`` (:func:`max_offset`) and the evaluation-length slider starts at the
+      training length (:func:`eval_choices`); moving the training length moves them (and their values,
+      when they fall outside). Trained ensembles are kept per ``(pe, offset, train_len)``:
       choosing a setting already trained re-plots at once; a new one waits for
       ``retrain_button`` (a retrain of one quick-profile ensemble takes seconds on a laptop CPU).
     * ``eval_len`` (longest evaluation length, tokens) re-evaluates the trained
       models at ``train_len * 2^i`` up to it, with no retraining.
-    * ``progress`` counts training steps; ``status`` says what is shown.
+    * ``progress`` counts training steps; ``status`` says what is shown, and shows the message of any
+      error raised while retraining or re-plotting (ipywidgets would otherwise swallow an exception
+      raised in a control's callback, leaving the panel silent).
 
     ``figure`` is the plotly figure currently shown (mean accuracy over seeds
     with a min..max band, chance line, training length), and ``output`` the
@@ -67,7 +89,8 @@ class RetrievalExplorer(widgets.VBox):
         train_now: train the initial setting at construction (else the figure waits for the button).
 
     Raises:
-        ValueError / TypeError: an initial value outside its slider's range, or an unknown ``pe``.
+        ValueError / TypeError: an initial value outside its slider's range, naming the argument: an
+            offset above ``min(8, train_len - 2)``, an ``eval_len`` below ``train_len``, an unknown ``pe``.
     """
 
     def __init__(self, profile: Profile | str | None = None, offset: int = 3, train_len: int = 16,
@@ -79,21 +102,31 @@ class RetrievalExplorer(widgets.VBox):
         self.eval_samples = check_int("eval_samples", eval_samples if eval_samples is not None
                                       else profile.eval_samples, minimum=1)
         self.batch_size = profile.batch_size
-        check_int("offset", offset, minimum=1, maximum=8)
-        check_int("train_len", train_len, minimum=8, maximum=32)
-        if eval_len not in EVAL_LENGTHS:
-            raise ValueError(f"eval_len must be one of {EVAL_LENGTHS}; got eval_len={eval_len!r}")
+        check_int("train_len", train_len, minimum=TRAIN_LENS[0], maximum=TRAIN_LENS[1])
+        if (train_len - TRAIN_LENS[0]) % TRAIN_LENS[2]:
+            steps = tuple(range(TRAIN_LENS[0], TRAIN_LENS[1] + 1, TRAIN_LENS[2]))
+            raise ValueError(f"train_len must be one of the slider's steps {steps}; got train_len={train_len}")
+        check_int("offset", offset, minimum=1)
+        if offset > max_offset(train_len):
+            raise ValueError(f"offset must be at most min({OFFSET_MAX}, train_len - 2) = {max_offset(train_len)} "
+                             f"at train_len={train_len} (the target must lie inside every training sequence); "
+                             f"got offset={offset}")
+        if eval_len not in eval_choices(train_len):
+            raise ValueError(f"eval_len must be one of {eval_choices(train_len)} (evaluation lengths from "
+                             f"{EVAL_LENGTHS} that are >= train_len={train_len}); got eval_len={eval_len!r}")
         if pe not in [v for _, v in PE_CHOICES]:
             raise ValueError(f"pe must be one of {[v for _, v in PE_CHOICES]}; got pe={pe!r}")
 
         style = {"description_width": "150px"}
         layout = widgets.Layout(width="480px")
-        self.offset = widgets.IntSlider(value=offset, min=1, max=8, description="offset k", style=style,
-                                        layout=layout, continuous_update=False)
-        self.train_len = widgets.IntSlider(value=train_len, min=8, max=32, step=4, description="training length",
-                                           style=style, layout=layout, continuous_update=False)
-        self.eval_len = widgets.SelectionSlider(options=EVAL_LENGTHS, value=eval_len, description="longest eval length",
-                                                style=style, layout=layout, continuous_update=False)
+        self.offset = widgets.IntSlider(value=offset, min=1, max=max_offset(train_len), description="offset k",
+                                        style=style, layout=layout, continuous_update=False)
+        self.train_len = widgets.IntSlider(value=train_len, min=TRAIN_LENS[0], max=TRAIN_LENS[1], step=TRAIN_LENS[2],
+                                           description="training length", style=style, layout=layout,
+                                           continuous_update=False)
+        self.eval_len = widgets.SelectionSlider(options=eval_choices(train_len), value=eval_len,
+                                                description="longest eval length", style=style, layout=layout,
+                                                continuous_update=False)
         self.pe = widgets.ToggleButtons(options=PE_CHOICES, value=pe, description="position encoding", style=style)
         self.retrain_button = widgets.Button(description="Retrain", button_style="primary", icon="refresh")
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="training", style=style)
@@ -101,11 +134,11 @@ class RetrievalExplorer(widgets.VBox):
         self.output = widgets.Output()
         self.figure = None
         self._models: dict = {}  # (pe, offset, train_len) -> trained RetrievalHead ensemble
+        self._syncing = False  # True while the controls' ranges are being moved (their changes are one change)
 
-        for w in (self.offset, self.train_len, self.pe):
-            w.observe(lambda change: self._settings_changed(), names="value")
-        self.eval_len.observe(lambda change: self._settings_changed(), names="value")
-        self.retrain_button.on_click(lambda button: self.retrain())
+        for w in (self.offset, self.train_len, self.eval_len, self.pe):
+            w.observe(self._control_changed, names="value")
+        self.retrain_button.on_click(self._retrain_clicked)
         super().__init__([self.offset, self.train_len, self.eval_len, self.pe,
                           widgets.HBox([self.retrain_button, self.progress]), self.status, self.output])
         if train_now:
@@ -132,9 +165,55 @@ class RetrievalExplorer(widgets.VBox):
             length *= 2
         return sorted(lengths)
 
+    # ---------------------------------------------------------------- controls
+    def _sync_ranges(self) -> None:
+        """Move the offset and evaluation-length sliders' ranges (and values, if outside) to the training length."""
+        train_len = self.train_len.value
+        self.offset.max = max_offset(train_len)  # ipywidgets lowers a value above the new max to it
+        choices = eval_choices(train_len)
+        if tuple(self.eval_len.options) != choices:
+            keep = self.eval_len.value if self.eval_len.value in choices else choices[0]
+            self.eval_len.options = choices  # (resets the value to the first option)
+            self.eval_len.value = keep
+
+    def _control_changed(self, change) -> None:
+        """A control moved: keep the others valid, then show the setting (or say it needs training)."""
+        if self._syncing:
+            return
+        self._syncing = True
+        try:
+            self._sync_ranges()
+        finally:
+            self._syncing = False
+        try:
+            self._settings_changed()
+        except Exception:  # shown in the status line by _settings_changed; ipywidgets would swallow it
+            pass
+
+    def _retrain_clicked(self, button) -> None:
+        try:
+            self.retrain()
+        except Exception:  # shown in the status line by retrain; ipywidgets would swallow it
+            pass
+
+    def _show_error(self, action: str, err: Exception) -> None:
+        self.status.value = (f'<span style="color:#d62728"><b>{action} failed</b>: '
+                             f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</span>")
+
     # ---------------------------------------------------------------- actions
     def retrain(self) -> None:
-        """Train an ensemble (``n_seeds`` models) for every selected PE at the current settings, then re-plot."""
+        """Train an ensemble (``n_seeds`` models) for every selected PE at the current settings, then re-plot.
+
+        Raises:
+            Exception: whatever training or evaluation raised, after showing its message in ``status``.
+        """
+        try:
+            self._retrain()
+        except Exception as err:
+            self._show_error("Retrain", err)
+            raise
+
+    def _retrain(self) -> None:
         task = FixedOffsetRetrieval(16, self.offset.value)
         task.check_seq_len(self.train_len.value)
         pes = self.pes
@@ -158,6 +237,13 @@ class RetrievalExplorer(widgets.VBox):
         self._plot(note=f"trained in {time.perf_counter() - start:.1f} s")
 
     def _settings_changed(self) -> None:
+        try:
+            self._show_setting()
+        except Exception as err:
+            self._show_error("Re-plot", err)
+            raise
+
+    def _show_setting(self) -> None:
         missing = [pe for pe in self.pes if self._key(pe) not in self._models]
         if missing:
             self.status.value = ("Not trained yet for " + ", ".join(get_encoding(p).label for p in missing)
@@ -183,4 +269,4 @@ class RetrievalExplorer(widgets.VBox):
                             f"L = {lengths[-1]}" + (f"; {note}." if note else ".")
 
 
-__all__ = ["RetrievalExplorer"]
+__all__ = ["RetrievalExplorer", "eval_choices", "max_offset"]

@@ -67,7 +67,7 @@ def test_matched_filter_alignment_is_one_and_peaks_at_minus_k():
 
 def test_participation_ratio_values_and_errors():
     pr = analysis.participation_ratio(torch.tensor([[1.0, 0, 0, 0], [1.0, 1, 1, 1], [3.0, 1, 0, 0]]))
-    torch.testing.assert_close(pr, torch.tensor([1.0, 4.0, 1.6]))
+    torch.testing.assert_close(pr, torch.tensor([1.0, 4.0, 1.6], dtype=torch.float64))  # computed in float64
     with pytest.raises(ValueError, match="weights must be >= 0"):
         analysis.participation_ratio(torch.tensor([1.0, -1.0]))
     with pytest.raises(ValueError, match="all zero"):
@@ -111,7 +111,7 @@ def test_bad_inputs_raise():
         analysis.kernel_at(RetrievalHead(), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="must lie in"):
         theory.exact_target_mass(torch.zeros(1, 10), 3, [11])
-    with pytest.raises(ValueError, match="rho must be finite and > 0"):
+    with pytest.raises(ValueError, match="rho must be a finite number > 0"):
         theory.mean_field_target_mass([10], 1.0, 0.0)
 
 
@@ -165,17 +165,19 @@ def test_scaled_accuracy_with_unit_scale_matches_accuracy_by_length():
                                accuracy_by_length(model, task, lengths, n_samples=256))
 
 
-def test_slider_figures_have_one_frame_per_step():
+def test_slider_figures_have_one_step_per_panel():
     from lengthgen_utils import plots
     import numpy as np
     fig = plots.kernel_slider([-2, -1, 0], {1: np.zeros((2, 3)), 2: np.ones((2, 3))}, 16, "t")
-    assert [f.name for f in fig.frames] == ["1", "2"]
-    assert len(fig.layout.sliders[0].steps) == 2 and len(fig.data) == 3  # 2 seeds + the target line
+    steps = fig.layout.sliders[0].steps
+    assert [s.label for s in steps] == ["1", "2"]
+    assert len(fig.data) == 6 and steps[1].args[0]["visible"] == [False] * 3 + [True] * 3  # 2 seeds + target line
     with pytest.raises(ValueError, match="must be"):
         plots.kernel_slider([-1, 0], {1: np.zeros((2, 3))}, 16, "t")
     p = np.array([[0.9, 0.5], [0.99, 0.2]])
     fig = plots.dilution_slider([16, 32], p, ([16, 32], p), ([16, 32], p), ["a", "b"], "t")
-    assert len(fig.frames) == 2 and fig.frames[1].layout.yaxis.range[1] > fig.frames[0].layout.yaxis.range[1]
+    steps = fig.layout.sliders[0].steps
+    assert len(steps) == 2 and steps[1].args[1]["yaxis.range"][1] > steps[0].args[1]["yaxis.range"][1]
 
 
 def test_alias_vs_failure_draws_censored_heads_apart():
@@ -191,7 +193,7 @@ def test_alias_vs_failure_draws_censored_heads_apart():
     assert fig.layout.xaxis.ticktext[-1] == "none<br>≤ 4096" and right_column > 4097
     assert list(by_name["no failure up to 1024"].y) == [top_row] and list(by_name["no failure up to 1024"].x) == [601]
     assert list(by_name["no alias up to 4096"].x) == [right_column] and list(by_name["no alias up to 4096"].y) == [256]
-    with pytest.raises(ValueError, match="one entry per model"):
+    with pytest.raises(ValueError, match="failure_length must be 1 value, one per model; got 2"):
         plots.alias_vs_failure([1], [1, 2], ["a"], longest_tested=64, alias_search=256, title="t")
     with pytest.raises(ValueError, match="failure_length"):
         plots.alias_vs_failure([20], [2048], ["a"], longest_tested=1024, alias_search=4096, title="t")

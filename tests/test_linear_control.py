@@ -130,7 +130,7 @@ def test_kernel_head_run_rejects_settings_its_closed_forms_do_not_cover():
     (KernelHead(n_models=2), [0, 1, 2], ValueError),  # one seed per model, or one for all
     (KernelHead(n_models=2), [0, -1], ValueError),
     (KernelHead(n_models=2), [0, 1.5], TypeError),
-    (KernelHead(n_models=2), torch.tensor(3), TypeError),
+    (KernelHead(n_models=2), torch.tensor(3.0), TypeError),
     (RetrievalHead(attention="linear", n_models=2), [0, 1], TypeError),  # padding is exact only for KernelHead
 ])
 def test_per_model_seeds_reject_bad_input(model, seed, error):

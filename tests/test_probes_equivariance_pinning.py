@@ -177,15 +177,17 @@ def test_position_attention_rows_are_causal_softmax_and_last_row_is_the_models()
 
 
 # --- figures of chapters 2 and 3
-def test_slider_figure_has_one_frame_and_step_per_length():
+def test_slider_figure_has_one_step_per_length():
     from lengthgen_utils import plots
 
     rows = {L: torch.full((3, L), 1.0 / L) for L in (16, 24, 32)}
     fig = plots.attention_row_slider(rows, train_len=16, target_offset=3, title="t")
-    assert [f.name for f in fig.frames] == ["16", "24", "32"]
-    assert [s.label for s in fig.layout.sliders[0].steps] == ["16", "24", "32"]
-    assert len(fig.frames[2].data) == 4 and len(fig.frames[2].data[0].x) == 32  # 3 seeds + the target marker
-    assert list(fig.frames[1].data[3].x) == [20, 20]  # target key L - 1 - k at L = 24
+    steps = fig.layout.sliders[0].steps
+    assert [s.label for s in steps] == ["16", "24", "32"]
+    shown = [t for t, v in zip(fig.data, steps[2].args[0]["visible"]) if v]
+    assert len(shown) == 4 and len(shown[0].x) == 32  # 3 seeds + the target marker
+    shown = [t for t, v in zip(fig.data, steps[1].args[0]["visible"]) if v]
+    assert list(shown[3].x) == [20, 20]  # target key L - 1 - k at L = 24
     with pytest.raises(ValueError, match="rows"):
         plots.attention_row_slider({16: torch.zeros(3, 15)}, 16, 3, "t")
 
