@@ -99,18 +99,17 @@ def fit_to_column(fig) -> dict:
     layout["title"] = title
     n_lines = _lines(title["text"])
     sliders = layout.get("sliders") or []
-    for slider in sliders:
-        for step in slider.get("steps", []):
-            args = step.get("args") or []
-            for update in args[1:2]:  # the layout update of an "update" step
-                if not isinstance(update, dict):
-                    continue
-                for key, value in update.items():
-                    if key == "title.text" and value:
-                        update[key] = wrap_text(value, TITLE_CHARS)
-                        n_lines = max(n_lines, _lines(update[key]))
-                    elif key.endswith("title.text") and key[0] in "xy" and value:
-                        update[key] = wrap_text(value, X_TITLE_CHARS if key[0] == "x" else Y_TITLE_CHARS)
+    updates = [u for slider in sliders for step in slider.get("steps", []) for u in (step.get("args") or [])[1:2]]
+    updates += ((layout.get("meta") or {}).get("grid") or {}).get("relayout", [])  # grid_slider_figure's panels
+    for update in updates:  # the layout update of a step
+        if not isinstance(update, dict):
+            continue
+        for key, value in update.items():
+            if key == "title.text" and value:
+                update[key] = wrap_text(value, TITLE_CHARS)
+                n_lines = max(n_lines, _lines(update[key]))
+            elif key.endswith("title.text") and key[0] in "xy" and value:
+                update[key] = wrap_text(value, X_TITLE_CHARS if key[0] == "x" else Y_TITLE_CHARS)
     for frame in fig.get("frames") or []:
         frame_title = (frame.get("layout") or {}).get("title")
         if isinstance(frame_title, dict) and frame_title.get("text"):
@@ -128,8 +127,9 @@ def fit_to_column(fig) -> dict:
     if any(a.get("yref") == "paper" and (a.get("y") or 0) >= 0.99 and a.get("yanchor") == "bottom"
            for a in layout.get("annotations") or []):
         top += SUBPLOT_TITLE_PX  # a subplot title stands on the top panel
-    for slider in sliders:  # between the title and the plot, full width
-        slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18, l=0, r=0))
+    for n, slider in enumerate(sliders):  # between the title and the plot, full width, the first on top
+        below = (len(sliders) - 1 - n) * SLIDER_PX
+        slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18 + below, l=0, r=0))
         slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13, "color": "#2a3f5f"})
         if len(slider.get("steps", [])) > SLIDER_LABELS_MAX:  # the current value names the step
             slider["font"] = {**slider.get("font", {}), "color": "rgba(0,0,0,0)"}
@@ -150,7 +150,9 @@ def fit_to_column(fig) -> dict:
 def _bundle(fig_dict: dict) -> dict:
     """The output of a figure: plotly's JSON (Jupyter) and an HTML div for the book (plotly.js served by the book)."""
     fig_dict = fit_to_column(fig_dict)
-    html = pio.to_html(fig_dict, include_plotlyjs=False, full_html=False, auto_play=False, config=CONFIG)
+    grid = ((fig_dict.get("layout") or {}).get("meta") or {}).get("grid")
+    html = pio.to_html(fig_dict, include_plotlyjs=False, full_html=False, auto_play=False, config=CONFIG,
+                       post_script=GRID_SCRIPT if grid else None)
     return {"application/vnd.plotly.v1+json": {"data": fig_dict.get("data", []), "layout": fig_dict.get("layout", {}),
                                                "frames": fig_dict.get("frames", []), "config": CONFIG},
             "text/html": html}
@@ -849,6 +851,82 @@ def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str 
     fig.update_layout(height=height,
                       sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=slider_title, suffix=suffix),
                                     x=0.0, len=1.0, y=1.0, yanchor="bottom", pad=dict(t=0, b=18))])
+    return fig
+
+
+GRID_SCRIPT = """
+(function () {
+  var gd = document.getElementById('{plot_id}');
+  var grid = gd && gd.layout.meta && gd.layout.meta.grid;
+  if (!grid) { return; }
+  gd.on('plotly_sliderchange', function () {
+    var a = gd._fullLayout.sliders[0].active || 0, b = gd._fullLayout.sliders[1].active || 0;
+    var i = a * grid.shape[1] + b;
+    Plotly.update(gd, {visible: grid.visible[i]}, grid.relayout[i]);
+  });
+})();
+"""
+"""The few lines of page JavaScript behind :func:`grid_slider_figure`: when either slider moves, show the panel
+that both sliders select (plotly's own sliders act one at a time)."""
+
+
+def grid_slider_figure(panels: dict, slider_titles: tuple[str, str], active: tuple[int, int] = (0, 0)) -> go.Figure:
+    """One figure with two sliders that act together: the panel shown is the one both sliders select.
+
+    The panels form a grid: slider 1 picks the row, slider 2 the column. Every panel's traces are in the
+    figure; which are visible, and each panel's own layout (title, annotations, shapes, axis ranges), are
+    stored in ``layout.meta["grid"]``, and a few lines of page JavaScript (:data:`GRID_SCRIPT`, attached
+    by the book's renderer) apply them when a slider moves. Works in static HTML with no kernel.
+
+    Args:
+        panels: ``{(row label, column label): go.Figure}`` for every cell of the grid (row-major order of
+            first appearance defines the sliders' steps).
+        slider_titles: the text before each slider's current value, e.g. ``("offset k = ", "training length = ")``.
+        active: the (row, column) shown when the page loads.
+
+    Returns:
+        a plotly ``Figure`` with two sliders (steps with method ``"skip"``: the script does the switching).
+
+    Raises:
+        ValueError: a cell of the grid is missing, ``active`` is out of range, or a panel has no traces.
+        TypeError: a key is not a pair of strings, or a panel is not a figure.
+    """
+    if not isinstance(panels, dict) or not panels:
+        raise ValueError(f"panels must be a non-empty dict {{(row, column): figure}}; got {panels!r}")
+    for key, panel in panels.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, str) for k in key)):
+            raise TypeError(f"panel keys must be (row label, column label) string pairs; got {key!r}")
+        if not isinstance(panel, go.Figure):
+            raise TypeError(f"panel {key!r} must be a plotly Figure; got {type(panel).__name__}")
+        if not panel.data:
+            raise ValueError(f"panel {key!r} has no traces")
+    rows = list(dict.fromkeys(k[0] for k in panels))
+    cols = list(dict.fromkeys(k[1] for k in panels))
+    missing = [(r, c) for r in rows for c in cols if (r, c) not in panels]
+    if missing:
+        raise ValueError(f"panels must fill the grid {len(rows)} x {len(cols)}; missing {missing}")
+    if not (isinstance(active, tuple) and len(active) == 2 and 0 <= active[0] < len(rows) and 0 <= active[1] < len(cols)):
+        raise ValueError(f"active must be (row, column) within ({len(rows)}, {len(cols)}); got {active!r}")
+    order = [panels[(r, c)] for r in rows for c in cols]
+    shown = active[0] * len(cols) + active[1]
+    fig = go.Figure(layout=order[shown].layout)
+    owner = []
+    for i, panel in enumerate(order):
+        for trace in panel.data:
+            fig.add_trace(trace)
+            owner.append(i)
+    layouts = [_layout_paths(panel) for panel in order]
+    paths = sorted(set().union(*layouts))
+    empty = {key: [] for key in _LAYOUT_ARRAYS}
+    varying = [p for p in paths if any(lay.get(p, empty.get(p)) != layouts[0].get(p, empty.get(p)) for lay in layouts)]
+    visible = [[_own_visibility(t) if o == i else False for t, o in zip(fig.data, owner)] for i in range(len(order))]
+    relayout = [{p: layouts[i].get(p, empty.get(p)) for p in varying} for i in range(len(order))]
+    for trace, v in zip(fig.data, visible[shown]):
+        trace.visible = v
+    steps = [[dict(label=label, method="skip", args=[None]) for label in labels] for labels in (rows, cols)]
+    fig.update_layout(meta={"grid": {"shape": [len(rows), len(cols)], "visible": visible, "relayout": relayout}},
+                      sliders=[dict(active=a, steps=st, currentvalue=dict(prefix=title))
+                               for a, st, title in zip(active, steps, slider_titles)])
     return fig
 
 

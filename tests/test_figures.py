@@ -41,3 +41,31 @@ def test_a_long_legend_makes_the_figure_taller_not_the_plot_smaller():
     fig = plots.accuracy_vs_length(curves, 1 / 16, 16, "t")
     out = plots.fit_to_column(fig)
     assert out["layout"]["height"] == plots.FIGURE_HEIGHT + 4 * plots.LEGEND_LINE_PX  # title "t": one line
+
+
+def _panel(k, t):
+    return plots.accuracy_vs_length({"rope": ([t, 2 * t], np.full((5, 2), k / 10))}, 1 / 16, t, f"k = {k}, L_train {t}")
+
+
+def test_grid_slider_figure_stores_every_panel_and_shows_the_active_one():
+    panels = {(str(k), str(t)): _panel(k, t) for k in (1, 3) for t in (8, 16, 32)}
+    fig = plots.grid_slider_figure(panels, ("offset k = ", "training length = "), active=(1, 2))
+    grid = fig.layout.meta["grid"]
+    assert grid["shape"] == [2, 3] and len(grid["visible"]) == 6 and len(grid["relayout"]) == 6
+    shown = [t for t in fig.data if t.visible is True and t.name]
+    assert [list(t.y) for t in shown] == [[0.3, 0.3]]  # k = 3, L_train = 32
+    assert fig.layout.title.text == "k = 3, L_train 32"
+    assert grid["relayout"][0]["title.text"] == "k = 1, L_train 8"
+    assert [len(s.steps) for s in fig.layout.sliders] == [2, 3] and fig.layout.sliders[1].active == 2
+    bundle = plots._bundle(fig.to_plotly_json())
+    assert "plotly_sliderchange" in bundle["text/html"]  # the page script that combines the two sliders
+    assert "plotly_sliderchange" not in plots._bundle(_panel(1, 8).to_plotly_json())["text/html"]
+
+
+def test_grid_slider_figure_refuses_a_hole_in_the_grid():
+    import pytest
+
+    with pytest.raises(ValueError, match="missing"):
+        plots.grid_slider_figure({("1", "8"): _panel(1, 8), ("3", "16"): _panel(3, 16)}, ("a", "b"))
+    with pytest.raises(TypeError, match="pairs"):
+        plots.grid_slider_figure({"1": _panel(1, 8)}, ("a", "b"))
