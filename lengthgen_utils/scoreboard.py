@@ -85,3 +85,35 @@ def load_claims() -> dict:
         return {}
     records = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
     return {r["claim"]: r for r in records}
+
+
+def scoreboard_table(claims: dict | None = None):
+    """The scoreboard as a table: one row per claim of :data:`CLAIMS` (and per finding beyond the paper).
+
+    Args:
+        claims: ``{claim: record}`` (default :func:`load_claims`).
+
+    Returns:
+        a ``pandas.DataFrame`` with columns claim, the paper's claim (our split of the abstract), status,
+        what the book measured, key numbers, profile and chapter; a claim without a record says
+        "not run in this build".
+    """
+    import pandas as pd
+
+    claims = load_claims() if claims is None else claims
+    rows = []
+    for claim in list(CLAIMS) + sorted(c for c in claims if c not in CLAIMS):
+        record = claims.get(claim)
+        numbers = "" if record is None else "; ".join(f"{k} = {_fmt(v)}" for k, v in record["numbers"].items())
+        rows.append({"claim": claim, "the paper says": CLAIMS.get(claim, "(beyond the paper)"),
+                     "status": "not run in this build" if record is None else record["status"],
+                     "what the book measured": "" if record is None else record["summary"],
+                     "key numbers": numbers, "profile": "" if record is None else record["profile"],
+                     "chapter": "" if record is None else record["chapter"]})
+    return pd.DataFrame(rows)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)

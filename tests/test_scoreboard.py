@@ -26,3 +26,15 @@ def test_bad_records_are_refused(tmp_path, monkeypatch, claim, status, numbers, 
     monkeypatch.setenv("LENGTHGEN_CLAIMS", str(tmp_path))
     with pytest.raises(error):
         scoreboard.record_claim(claim, status, "s", numbers)
+
+
+def test_scoreboard_table_has_a_row_per_claim_and_says_what_was_not_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("LENGTHGEN_CLAIMS", str(tmp_path))
+    scoreboard.record_claim("C4", "reproduced in a regime", "low rank only where rank is not forced",
+                            {"top2": 0.97, "n": 3}, chapter="chapters/04_carrier_kernel")
+    scoreboard.record_claim("X:zoo", "reproduced", "beyond the paper", {"encodings": 10})
+    table = scoreboard.scoreboard_table()
+    assert list(table["claim"]) == list(scoreboard.CLAIMS) + ["X:zoo"]
+    row = table.set_index("claim").loc["C4"]
+    assert row["status"] == "reproduced in a regime" and row["key numbers"] == "top2 = 0.97; n = 3"
+    assert table.set_index("claim").loc["C1", "status"] == "not run in this build"
