@@ -226,6 +226,47 @@ class RetrievalSweep(SingleHeadSettings):
         return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets, **shared)
 
 
+@dataclass(frozen=True)
+class SnapshotSweep:
+    """One single-head ensemble trained once, with its weights kept at several steps (chapter 5's margin sweep).
+
+    Margins grow with training, so the snapshots of one run are heads of increasing margin, for the
+    price of one training. The cache key of :func:`~lengthgen_utils.runners.run_snapshots`.
+
+    Fields:
+        sweep: a one-ensemble :class:`RetrievalSweep` (one encoding, one attention); its ``steps`` is the
+            length of the run.
+        snapshot_steps: the steps after which the weights are kept (each in ``1 .. sweep.steps``).
+        lengths: the evaluation lengths of every snapshot (any lengths >= the shortest valid one,
+            within the encoding's range).
+        eval_samples: sequences per evaluation length.
+        length_temperature: train with every logit multiplied by ``log L / log train_len`` at length L
+            (a log-length temperature used in training, Chiang & Cholak 2022); the snapshots are evaluated
+            with the same scale.
+
+    Raises:
+        ValueError / TypeError: a sweep of more than one ensemble, a snapshot step outside the run,
+            lengths out of range.
+    """
+
+    sweep: RetrievalSweep
+    snapshot_steps: tuple[int, ...]
+    lengths: tuple[int, ...]
+    eval_samples: int = 1024
+    length_temperature: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.sweep, RetrievalSweep) or len(self.sweep.pes) != 1 or len(self.sweep.attentions) != 1:
+            raise TypeError(f"sweep must be a RetrievalSweep of one encoding and one attention; got {self.sweep!r:.200}")
+        for i, step in enumerate(normalize_sequence(self, "snapshot_steps", minimum=1)):
+            check_int(f"snapshot_steps[{i}]", step, minimum=1, maximum=self.sweep.steps)
+        for i, seq_len in enumerate(normalize_sequence(self, "lengths", minimum=self.sweep.shortest_train_len)):
+            check_int(f"lengths[{i}]", seq_len, maximum=self.sweep.table_len)
+        check_int("eval_samples", self.eval_samples, minimum=1)
+        if not isinstance(self.length_temperature, bool):
+            raise TypeError(f"length_temperature must be a bool; got {self.length_temperature!r}")
+
+
 SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
 """Eight frequencies evenly spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are
 well conditioned on 15 training offsets (condition number about 2), for the exact min-norm demonstration."""
