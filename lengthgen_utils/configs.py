@@ -337,3 +337,58 @@ class TransformerExperiment(TrainingSettings):
 def transformer_experiment(profile: Profile, **overrides) -> TransformerExperiment:
     """The transformer experiment with ``profile``'s compute settings and any field overridden."""
     return TransformerExperiment(**{**dict(profile.transformer), **overrides})
+
+
+# ---------------------------------------------------------------- chapters 4 and 5: the base and margin sweeps
+BASE_SWEEP_MULTIPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""Chapter 4's base sweep is evaluated to 256x the training length (4096 tokens): small bases alias late."""
+
+
+def rope_base_experiment(profile: Profile, base: float) -> RetrievalExperiment:
+    """Chapter 4's sweep over the RoPE base: the RoPE experiment of chapter 1 with base ``base``.
+
+    The profile's seeds and steps, evaluated at :data:`BASE_SWEEP_MULTIPLES` times the training length
+    with 512 sequences per length; run it with
+    :func:`~lengthgen_utils.runners.run_offset_sweep` (offsets 1, 2, 3, 5 in the book).
+    """
+    return RetrievalExperiment.from_profile(profile, pe=RoPE(base=base), length_multiples=BASE_SWEEP_MULTIPLES,
+                                            eval_samples=512)
+
+
+def fine_lengths(train_len: int = 16, octaves: int = 6, per_octave: int = 4) -> tuple[int, ...]:
+    """Lengths ``train_len * 2^(j / per_octave)`` for ``j = 0 .. octaves * per_octave`` (rounded, distinct):
+    fine enough to tell a cliff (a fall within one step) from a gradual decay."""
+    train_len = check_int("train_len", train_len, minimum=2)
+    octaves, per_octave = check_int("octaves", octaves, minimum=1), check_int("per_octave", per_octave, minimum=1)
+    return tuple(sorted({round(train_len * 2 ** (j / per_octave)) for j in range(octaves * per_octave + 1)}))
+
+
+MARGIN_CONTROLS = ("steps", "weight decay", "temperature")
+
+
+def margin_sweep(profile: Profile, control: str, offsets=(1, 2, 3, 5)) -> SnapshotSweep:
+    """Chapter 5's runs that move the margin, each one training with snapshots (the base is swept by
+    :func:`rope_base_sweep`).
+
+    * ``"steps"``: learning rate 1e-3, snapshots after 100, 200 and 400 steps (small margins);
+    * ``"weight decay"``: AdamW weight decay 1.0 at chapter 1's learning rate, 2000 steps in every
+      profile (the decayed heads settle late), snapshots after 500, 1000 and 2000 steps;
+    * ``"temperature"``: chapter 1's recipe with a log-length temperature in training (logits times
+      ``log L / log 16``), the profile's steps.
+
+    Every snapshot is evaluated on :func:`fine_lengths` up to 64x the training length.
+
+    Raises:
+        ValueError: an unknown control.
+    """
+    base = RetrievalSweep.from_profile(profile, pes=("rope",), attentions=("softmax",), offsets=offsets,
+                                       length_multiples=(1, 2, 4, 8, 16, 32, 64))
+    lengths = fine_lengths(base.train_len)
+    samples = min(512, profile.eval_samples)
+    if control == "steps":
+        return SnapshotSweep(replace(base, lr=1e-3, steps=400), (100, 200, 400), lengths, samples)
+    if control == "weight decay":
+        return SnapshotSweep(replace(base, weight_decay=1.0, steps=2000), (500, 1000, 2000), lengths, samples)
+    if control == "temperature":
+        return SnapshotSweep(base, (base.steps,), lengths, samples, length_temperature=True)
+    raise ValueError(f"control must be one of {MARGIN_CONTROLS}; got {control!r}")

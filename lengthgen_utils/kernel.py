@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ._validate import check_int, per_model_ints
 from .positional import RoPE, check_relative_positions, rope_inverse_frequencies, rope_kernel_coefficients
-from .theory import pair_recurrences
+from .theory import distractor_ratio, mean_field_parameters, orbit_log_stats, pair_recurrences, r_squared
 
 
 def relative_positions(n: int) -> Tensor:
@@ -60,6 +60,10 @@ class CarrierSpectrum:
     theta: Tensor
     r: Tensor
     phi: Tensor
+
+    def select(self, index) -> "CarrierSpectrum":
+        """The spectra of the heads ``index`` (a boolean mask or indices)."""
+        return CarrierSpectrum(self.theta, self.r[index], self.phi[index])
 
 
 @torch.no_grad()
@@ -442,7 +446,7 @@ def predicted_alias_distance(model, offset, train_len: int, max_distance: int, n
         if distances.numel() == 0:
             out.append(None)
             continue
-        head = CarrierSpectrum(spec.theta, spec.r[i:i + 1], spec.phi[i:i + 1])
+        head = spec.select([i])
         values = _kernel_from_spectrum(head, -distances)[0]
         target = _kernel_from_spectrum(head, torch.tensor([-k]))[0, 0]
         hits = torch.nonzero(values >= target - tolerance)
@@ -454,3 +458,67 @@ def _kernel_from_spectrum(spec: CarrierSpectrum, relative: Tensor) -> Tensor:
     """``s(D) = sum_i r_i cos(theta_i D - phi_i)`` at the given relative positions: float64 ``[M, n]``."""
     angle = spec.theta[None, :, None] * relative.double()[None, None, :] - spec.phi[:, :, None]
     return (spec.r[:, :, None] * torch.cos(angle)).sum(1)
+
+
+# ---------------------------------------------------------------- the long-run dilution law, head by head (chapter 5)
+def mean_distractor_weight(model, offset, start: int, stop: int, chunk: int = 1 << 16) -> Tensor:
+    """The average weight of a key relative to the target over the distances ``start .. stop-1``.
+
+    ``(1 / (stop - start)) sum_{d = start}^{stop - 1} exp(s(-d) - s(-k))``: the measured slope of
+    ``1/p(L) - 1`` between ``L = start`` and ``L = stop`` (chapter 5's exact dilution), computed from
+    the weights in chunks (no ``[M, stop]`` tensor is formed).
+
+    Args:
+        model: a RoPE retrieval head ensemble.
+        offset: the target offset k (one int, or one per model).
+        start, stop: ``1 <= start < stop``; the target distance ``k`` must lie below ``start``.
+        chunk: distances per chunk.
+
+    Returns:
+        float64 ``[M]``.
+    """
+    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    start = check_int("start", start, minimum=max(ks) + 1)
+    stop = check_int("stop", stop, minimum=start + 1)
+    chunk = check_int("chunk", chunk, minimum=1)
+    spec = carrier_spectrum(model)
+    k = torch.tensor(ks, dtype=torch.float64)
+    target = (spec.r * torch.cos(-spec.theta[None, :] * k[:, None] - spec.phi)).sum(1, keepdim=True)  # s_m(-k_m)
+    total = torch.zeros(model.n_models, dtype=torch.float64)
+    for begin in range(start, stop, chunk):
+        distances = torch.arange(begin, min(stop, begin + chunk))
+        total += torch.exp(_kernel_from_spectrum(spec, -distances) - target).sum(1)
+    return total / (stop - start)
+
+
+def dilution_law_fit(model, offset, train_len: int, max_len: int) -> dict:
+    """How well the long-run dilution law describes each head's exact ``1/p(L) - 1`` up to ``max_len``.
+
+    The law anchored at the training length, with the orbit slope of
+    :func:`~lengthgen_utils.theory.long_run_slope` and no fitted parameter:
+    ``1/p(L) - 1 = ratio(train_len) + slope (L - train_len)``.
+
+    Returns:
+        ``{"margin", "kappa", "slope", "r2"}``, each float64 ``[M]``: the window margin (nats; see
+        :func:`~lengthgen_utils.theory.mean_field_parameters`), the orbit peakiness
+        (:func:`~lengthgen_utils.theory.orbit_peakiness`), the slope, and the law's R^2 against the exact
+        ratio at every length ``train_len .. max_len``; plus ``"ratio"`` ``[M, max_len - train_len + 1]``
+        (exact) and ``"law"`` (predicted) on those lengths.
+
+    Source: chapter 5.
+    """
+    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    train_len = check_int("train_len", train_len, minimum=max(ks) + 2)
+    max_len = check_int("max_len", max_len, minimum=train_len + 2)
+    spec = carrier_spectrum(model)
+    row = offset_kernel(model, max_len)
+    margin, _ = mean_field_parameters(row, ks, train_len)
+    ratio = distractor_ratio(row, ks)[:, train_len - 1:]
+    log_mean, log_max = orbit_log_stats(spec.r, spec.phi, spec.theta)  # one quadrature for slope and kappa
+    k = torch.tensor(ks, dtype=torch.float64)
+    target = (spec.r * torch.cos(-spec.theta[None, :] * k[:, None] - spec.phi)).sum(1)  # s_m(-k_m)
+    slope = torch.exp(log_mean - target)
+    steps = torch.arange(0, max_len - train_len + 1, dtype=torch.float64)
+    law = ratio[:, :1] + slope[:, None] * steps[None, :]
+    return {"margin": margin, "kappa": log_max - log_mean, "slope": slope,
+            "r2": r_squared(ratio, law), "ratio": ratio, "law": law}

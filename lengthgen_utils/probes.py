@@ -372,7 +372,8 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
 
 
 # ---------------------------------------------------------------- how accuracy falls (chapter 5)
-def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 0.9) -> dict:
+def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 0.9, cliff: float = 0.5,
+                        gradual: float = 1.0) -> dict:
     """Where each model's accuracy falls and how fast: a cliff or a gradual decay.
 
     ``L_high`` is the first length with accuracy below ``high``; ``L_half`` the first length with
@@ -384,11 +385,14 @@ def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 
         lengths: ``n`` increasing lengths (a fine grid resolves the width: e.g. four per octave).
         chance: the task's chance accuracy.
         high: the accuracy a model counts as intact at.
+        cliff, gradual: widths (octaves) at or below which a fall is a cliff, at or above which it is gradual.
 
     Returns:
         ``{"high": [M] lengths or None, "half": [M] lengths or None, "width": [M] float64 octaves
-        (NaN where either length is missing), "start": [M] accuracy at the first length}``.
-        A model below ``high`` already at the first length has ``high = lengths[0]``.
+        (NaN where either length is missing), "start": [M] accuracy at the first length,
+        "kind": [M] one of "not learned" (below ``high`` at the first length), "holds" (never below
+        ``high``), "cliff", "gradual", "between" (a width in between) or "partial" (below ``high`` but
+        never below halfway)}``.
 
     Raises:
         ValueError: shapes that do not match, lengths not increasing, chance or high outside (0, 1).
@@ -411,4 +415,14 @@ def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 
     out_half = [first(row, half_level) for row in accuracy]
     width = torch.tensor([math.log2(b / a) if a is not None and b is not None else math.nan
                           for a, b in zip(out_high, out_half)], dtype=torch.float64)
-    return {"high": out_high, "half": out_half, "width": width, "start": accuracy[:, 0].clone()}
+    kinds = []
+    for row, a, w in zip(accuracy, out_high, width.tolist()):
+        if row[0] < high:
+            kinds.append("not learned")
+        elif a is None:
+            kinds.append("holds")
+        elif math.isnan(w):
+            kinds.append("partial")
+        else:
+            kinds.append("cliff" if w <= cliff else "gradual" if w >= gradual else "between")
+    return {"high": out_high, "half": out_half, "width": width, "start": accuracy[:, 0].clone(), "kind": kinds}

@@ -32,6 +32,9 @@ class Profile:
         attentions: the attention normalisers a sweep covers (``"softmax"``, ``"linear"``).
         transformer: the multi-layer transformer's settings (fields of
             :class:`~lengthgen_utils.configs.TransformerExperiment`), as ``(name, value)`` pairs.
+        rope_bases: the RoPE bases of chapter 4's base sweep, besides the book's 10^4.
+        margin_controls: the margin controls chapter 5 sweeps (``"steps"``, ``"weight decay"``,
+            ``"base"``, ``"temperature"``).
     """
 
     name: str
@@ -43,6 +46,8 @@ class Profile:
     offsets: tuple[int, ...] = (1, 2, 3, 5)
     attentions: tuple[str, ...] = ("softmax", "linear")
     transformer: tuple[tuple[str, object], ...] = ()
+    rope_bases: tuple[float, ...] = (10.0,)
+    margin_controls: tuple[str, ...] = ("steps", "weight decay")
 
     def __post_init__(self):
         check_int("n_seeds", self.n_seeds, minimum=1)
@@ -51,6 +56,8 @@ class Profile:
         object.__setattr__(self, "offsets", check_int_sequence("offsets", self.offsets, minimum=1))
         object.__setattr__(self, "attentions", tuple(self.attentions))
         object.__setattr__(self, "transformer", tuple(dict(self.transformer).items()))
+        object.__setattr__(self, "rope_bases", tuple(float(b) for b in self.rope_bases))
+        object.__setattr__(self, "margin_controls", tuple(self.margin_controls))
 
 
 PROFILES = {
@@ -67,7 +74,9 @@ PROFILES = {
     "full": Profile("full", n_seeds=16, steps=4000, batch_size=256, eval_samples=4096,
                     length_multiples=(1, 2, 4, 8, 16, 32, 64), offsets=(1, 2, 3, 5, 8),
                     transformer=dict(d_model=128, batch_size=64, steps=1500, lr=1e-3, n_seeds=5,
-                                     eval_samples=256).items()),
+                                     eval_samples=256).items(),
+                    rope_bases=(10.0, 1e2, 1e3, 1e5),
+                    margin_controls=("steps", "weight decay", "base", "temperature")),
 }
 
 

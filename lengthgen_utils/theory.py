@@ -300,8 +300,9 @@ def _spectrum(r, phi, theta) -> tuple[Tensor, Tensor, Tensor]:
     return r, phi, theta
 
 
-def _orbit_stats(r, phi, theta, orbits, grid) -> tuple[Tensor, Tensor]:
-    """``log`` of the orbit average and of the orbit maximum of ``exp(s)``: two float64 ``[M]``."""
+def orbit_log_stats(r, phi, theta, orbits=None, grid: int | None = None) -> tuple[Tensor, Tensor]:
+    """``log`` of the orbit average and of the orbit maximum of ``exp(s)``: two float64 ``[M]``, from one
+    quadrature (see :func:`orbit_log_mean_exp` and :func:`orbit_peakiness`, which return one each)."""
     r, phi, theta = _spectrum(r, phi, theta)
     orbits = frequency_orbits(theta) if orbits is None else orbits
     covered = sorted(i for _, members in orbits for i, _ in members)
@@ -355,7 +356,7 @@ def orbit_log_mean_exp(r, phi, theta, orbits=None, grid: int | None = None) -> T
 
     Source: chapter 5, "The long-run law"; Weyl 1916 (equidistribution).
     """
-    return _orbit_stats(r, phi, theta, orbits, grid)[0]
+    return orbit_log_stats(r, phi, theta, orbits, grid)[0]
 
 
 def orbit_peakiness(r, phi, theta, orbits=None, grid: int | None = None) -> Tensor:
@@ -369,7 +370,7 @@ def orbit_peakiness(r, phi, theta, orbits=None, grid: int | None = None) -> Tens
     Returns:
         float64 ``[M]``, >= 0.
     """
-    log_mean, log_max = _orbit_stats(r, phi, theta, orbits, grid)
+    log_mean, log_max = orbit_log_stats(r, phi, theta, orbits, grid)
     return log_max - log_mean
 
 

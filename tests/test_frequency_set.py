@@ -224,12 +224,14 @@ def test_untrained_heads_are_the_package_initialisation_with_disjoint_seeds():
 def test_accuracy_transition_cliff_gradual_and_intact():
     lengths = [16, 19, 23, 27, 32, 38, 45, 54, 64]
     acc = torch.tensor([[1.0] * 4 + [0.06] * 5,                                  # a cliff at 32
-                        [1.0, 1.0, 0.85, 0.8, 0.7, 0.6, 0.5, 0.3, 0.2],          # gradual: 23 .. 45
+                        [1.0, 1.0, 0.85, 0.8, 0.7, 0.6, 0.55, 0.3, 0.2],         # gradual: 23 .. 54
                         [1.0] * 9])                                              # intact
     out = probes.accuracy_transition(acc, lengths, chance=1 / 16)
-    assert out["high"] == [32, 23, None] and out["half"] == [32, 45, None]
-    assert out["width"][0] == 0 and out["width"][1] == pytest.approx(math.log2(45 / 23))
+    assert out["high"] == [32, 23, None] and out["half"] == [32, 54, None]
+    assert out["width"][0] == 0 and out["width"][1] == pytest.approx(math.log2(54 / 23))
     assert math.isnan(out["width"][2])
+    assert out["kind"] == ["cliff", "gradual", "holds"]
+    assert probes.accuracy_transition(torch.tensor([[0.5] * 9]), lengths, 1 / 16)["kind"] == ["not learned"]
     with pytest.raises(ValueError, match="increase"):
         probes.accuracy_transition(acc, lengths[::-1], chance=1 / 16)
     with pytest.raises(ValueError, match="one column per length"):
@@ -280,3 +282,42 @@ def test_length_temperature_changes_training_and_configs_validate():
         SnapshotSweep(sweep, (12,), (33,))
     with pytest.raises(TypeError, match="one encoding"):
         SnapshotSweep(RetrievalSweep(pes=("rope", "ape")), (1,), (16,))
+
+
+def test_mean_distractor_weight_and_law_fit_agree_with_the_exact_ratio():
+    model = RetrievalHead(n_models=3, pe=RoPE(base=100.0))
+    ks = [1, 2, 5]
+    ratio = theory.distractor_ratio(kernel.offset_kernel(model, 400), ks)  # column L-1: 1/p(L) - 1
+    expected = (ratio[:, 399] - ratio[:, 99]) / 300  # distances 100 .. 399
+    got = kernel.mean_distractor_weight(model, ks, 100, 400, chunk=37)
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=0)
+    fit = kernel.dilution_law_fit(model, ks, 16, 400)
+    torch.testing.assert_close(fit["ratio"], ratio[:, 15:400])
+    assert fit["r2"].shape == (3,) and (fit["kappa"] >= 0).all()
+    spec = kernel.carrier_spectrum(model)
+    torch.testing.assert_close(fit["slope"], theory.long_run_slope(spec.r, spec.phi, spec.theta, ks))
+
+
+# ---------------------------------------------------------------- figures
+def test_new_figures_build_label_and_validate():
+    from lengthgen_utils import plots
+
+    fig = plots.measure_vs_nulls({"trained": [0.9, 0.95], "untrained": torch.rand(300)}, "C", title="t")
+    assert len(fig.data) == 2 and fig.data[1].name.startswith("untrained")
+    with pytest.raises(ValueError, match="empty"):
+        plots.measure_vs_nulls({"trained": []}, "C", title="t")
+    fig = plots.censored_scatter([100, None, 50], [128, 256, None], ["a", "b", "c"], x_limit=1000, y_limit=1024,
+                                 x_title="x", y_title="y", title="t", groups=["g1", "g1", "g2"])
+    xs = [x for trace in fig.data[:2] for x in trace.x]
+    assert max(xs) > 1000 and fig.layout.yaxis.ticktext[-1] == "none ≤ 1024"
+    with pytest.raises(ValueError, match="x_limit"):
+        plots.censored_scatter([2000], [1], ["a"], 1000, 1024, "x", "y", "t")
+    fig = plots.accuracy_heatmap(torch.rand(3, 4), [16, 32, 64, 128], ["a", "b", "c"], chance=1 / 16, title="t")
+    assert fig.data[0].zmin == pytest.approx(1 / 16)
+    with pytest.raises(ValueError, match="accuracy must be"):
+        plots.accuracy_heatmap(torch.rand(2, 4), [16, 32, 64, 128], ["a", "b", "c"], chance=1 / 16, title="t")
+    fig = plots.r2_vs_margin([3.0, 9.0], [0.99, -1e9], ["gradual", "cliff"], ["h1", "h2"], title="t",
+                             symbol_by=["wd", "book"])
+    assert min(y for trace in fig.data for y in trace.y) >= -1.0
+    fig = plots.scaled_vs_plain_mass([16, 32], torch.ones(2, 2), torch.ones(2, 2), title="t")
+    assert fig.layout.yaxis.title.text.startswith("attention mass")
