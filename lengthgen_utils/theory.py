@@ -422,8 +422,8 @@ def pair_recurrences(theta, pairs, max_distance: int, tolerance: float = math.pi
     ``wrap`` to ``(-pi, pi]``. A kernel whose selection rests on these pairs repeats its value at ``D``
     near ``D - Delta`` for each such lag: the candidates for an alias of the target offset ``-k`` are
     the offsets ``-(k + Delta)``. The list depends on the frequency set (``d_head``, base) and on which
-    pairs are meant, nothing else. With base 10^4, d_head 16 and pairs {0, 1} it starts
-    119 (about 38 pi), 201, 245, ...
+    pairs are meant, nothing else. With base 10^4, d_head 16, pairs {0, 1} and a tolerance of 0.4 rad
+    it starts 19, 119 (about 38 pi), 138, 239, ..., 358, 377 (about 120 pi), ...
 
     Args:
         theta: frequencies ``[P]`` (rad/token).
