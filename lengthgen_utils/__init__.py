@@ -11,7 +11,7 @@ Data flows one way::
 * ``models``: the retrieval head, the kernel head and the transformer;
 * ``training`` / ``evaluation``: one step loop; accuracy and attention by length;
 * ``kernel`` / ``probes`` / ``theory``: the offset kernel and what is read off it; probes of trained
-  models (equivariance, pinning, head profiles); closed forms (dilution, min-norm interpolant);
+  models (equivariance, pinning, head profiles); closed forms (dilution, frequency orbits, min-norm interpolant);
 * ``configs`` / ``profiles`` / ``runners`` / ``cache``: experiments as frozen dataclasses, the compute
   profiles, the functions that run an experiment through the results cache;
 * ``plots`` / ``widgets``: plotly figures and ipywidgets panels (the only modules that import them).

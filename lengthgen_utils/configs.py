@@ -233,6 +233,47 @@ class RetrievalSweep(SingleHeadSettings):
         return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets, **shared)
 
 
+@dataclass(frozen=True)
+class SnapshotSweep:
+    """One single-head ensemble trained once, with its weights kept at several steps (chapter 5's margin sweep).
+
+    Margins grow with training, so the snapshots of one run are heads of increasing margin, for the
+    price of one training. The cache key of :func:`~lengthgen_utils.runners.run_snapshots`.
+
+    Fields:
+        sweep: a one-ensemble :class:`RetrievalSweep` (one encoding, one attention); its ``steps`` is the
+            length of the run.
+        snapshot_steps: the steps after which the weights are kept (each in ``1 .. sweep.steps``).
+        lengths: the evaluation lengths of every snapshot (any lengths >= the shortest valid one,
+            within the encoding's range).
+        eval_samples: sequences per evaluation length.
+        length_temperature: train with every logit multiplied by ``log L / log train_len`` at length L
+            (a log-length temperature used in training, Chiang & Cholak 2022); the snapshots are evaluated
+            with the same scale.
+
+    Raises:
+        ValueError / TypeError: a sweep of more than one ensemble, a snapshot step outside the run,
+            lengths out of range.
+    """
+
+    sweep: RetrievalSweep
+    snapshot_steps: tuple[int, ...]
+    lengths: tuple[int, ...]
+    eval_samples: int = 1024
+    length_temperature: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.sweep, RetrievalSweep) or len(self.sweep.pes) != 1 or len(self.sweep.attentions) != 1:
+            raise TypeError(f"sweep must be a RetrievalSweep of one encoding and one attention; got {self.sweep!r:.200}")
+        for i, step in enumerate(normalize_sequence(self, "snapshot_steps", minimum=1)):
+            check_int(f"snapshot_steps[{i}]", step, minimum=1, maximum=self.sweep.steps)
+        for i, seq_len in enumerate(normalize_sequence(self, "lengths", minimum=self.sweep.shortest_train_len)):
+            check_int(f"lengths[{i}]", seq_len, maximum=self.sweep.table_len)
+        check_int("eval_samples", self.eval_samples, minimum=1)
+        if not isinstance(self.length_temperature, bool):
+            raise TypeError(f"length_temperature must be a bool; got {self.length_temperature!r}")
+
+
 SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
 """Eight frequencies evenly spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are
 well conditioned on 15 training offsets (condition number about 2), for the exact min-norm demonstration."""
@@ -309,3 +350,58 @@ class TransformerExperiment(TrainingSettings):
 def transformer_experiment(profile: Profile, **overrides) -> TransformerExperiment:
     """The transformer experiment with ``profile``'s compute settings and any field overridden."""
     return TransformerExperiment(**{**dict(profile.transformer), **overrides})
+
+
+# ---------------------------------------------------------------- chapters 4 and 5: the base and margin sweeps
+BASE_SWEEP_MULTIPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""Chapter 4's base sweep is evaluated to 256x the training length (4096 tokens): small bases alias late."""
+
+
+def rope_base_experiment(profile: Profile, base: float) -> RetrievalExperiment:
+    """Chapter 4's sweep over the RoPE base: the RoPE experiment of chapter 1 with base ``base``.
+
+    The profile's seeds and steps, evaluated at :data:`BASE_SWEEP_MULTIPLES` times the training length
+    with 512 sequences per length; run it with
+    :func:`~lengthgen_utils.runners.run_offset_sweep` (offsets 1, 2, 3, 5 in the book).
+    """
+    return RetrievalExperiment.from_profile(profile, pe=RoPE(base=base), length_multiples=BASE_SWEEP_MULTIPLES,
+                                            eval_samples=512)
+
+
+def fine_lengths(train_len: int = 16, octaves: int = 6, per_octave: int = 4) -> tuple[int, ...]:
+    """Lengths ``train_len * 2^(j / per_octave)`` for ``j = 0 .. octaves * per_octave`` (rounded, distinct):
+    fine enough to tell a cliff (a fall within one step) from a gradual decay."""
+    train_len = check_int("train_len", train_len, minimum=2)
+    octaves, per_octave = check_int("octaves", octaves, minimum=1), check_int("per_octave", per_octave, minimum=1)
+    return tuple(sorted({round(train_len * 2 ** (j / per_octave)) for j in range(octaves * per_octave + 1)}))
+
+
+MARGIN_CONTROLS = ("steps", "weight decay", "temperature")
+
+
+def margin_sweep(profile: Profile, control: str, offsets=(1, 2, 3, 5)) -> SnapshotSweep:
+    """Chapter 5's runs that move the margin, each one training with snapshots (the base is swept by
+    :func:`rope_base_sweep`).
+
+    * ``"steps"``: learning rate 1e-3, snapshots after 100, 200 and 400 steps (small margins);
+    * ``"weight decay"``: AdamW weight decay 1.0 at chapter 1's learning rate, 2000 steps in every
+      profile (the decayed heads settle late), snapshots after 500, 1000 and 2000 steps;
+    * ``"temperature"``: chapter 1's recipe with a log-length temperature in training (logits times
+      ``log L / log 16``), the profile's steps.
+
+    Every snapshot is evaluated on :func:`fine_lengths` up to 64x the training length.
+
+    Raises:
+        ValueError: an unknown control.
+    """
+    base = RetrievalSweep.from_profile(profile, pes=("rope",), attentions=("softmax",), offsets=offsets,
+                                       length_multiples=(1, 2, 4, 8, 16, 32, 64))
+    lengths = fine_lengths(base.train_len)
+    samples = min(512, profile.eval_samples)
+    if control == "steps":
+        return SnapshotSweep(replace(base, lr=1e-3, steps=400), (100, 200, 400), lengths, samples)
+    if control == "weight decay":
+        return SnapshotSweep(replace(base, weight_decay=1.0, steps=2000), (500, 1000, 2000), lengths, samples)
+    if control == "temperature":
+        return SnapshotSweep(base, (base.steps,), lengths, samples, length_temperature=True)
+    raise ValueError(f"control must be one of {MARGIN_CONTROLS}; got {control!r}")

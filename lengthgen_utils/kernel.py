@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ._validate import check_int, per_model_ints
 from .positional import RoPE, check_relative_positions, rope_inverse_frequencies, rope_kernel_coefficients
+from .theory import distractor_ratio, mean_field_parameters, orbit_log_stats, pair_recurrences, r_squared
 
 
 def relative_positions(n: int) -> Tensor:
@@ -60,13 +61,23 @@ class CarrierSpectrum:
     r: Tensor
     phi: Tensor
 
+    def select(self, index) -> "CarrierSpectrum":
+        """The spectra of the heads ``index`` (a boolean mask or indices)."""
+        return CarrierSpectrum(self.theta, self.r[index], self.phi[index])
+
 
 @torch.no_grad()
 def unrotated_query_key(model) -> tuple[Tensor, Tensor]:
-    """``q0 = W_Q u`` and ``k0 = W_K u``: the position-only head's query and key before any rotation, ``[M, d_head]``."""
+    """``q0 = W_Q u`` and ``k0 = W_K u``: the position-only head's query and key before any rotation, ``[M, d_head]``.
+
+    Computed in float64 from the model's weights whatever their dtype, so that the analyses built on them
+    (spectrum, alignment, predicted aliases) do not depend on the precision the model runs in; for a RoPE head
+    this is ``model.queries_keys`` at position 0 (no rotation), which the tests check.
+    """
     _rope_head(model)
-    q, k = model.queries_keys(torch.zeros(1, dtype=torch.long))  # position 0: no rotation
-    return q[:, 0], k[:, 0]
+    u = model.u.detach().double()
+    return (torch.einsum("md,mhd->mh", u, model.w_q.detach().double()),
+            torch.einsum("md,mhd->mh", u, model.w_k.detach().double()))
 
 
 @torch.no_grad()
@@ -303,3 +314,222 @@ def first_alias_distance(model, offset, train_len: int, max_distance: int, toler
         idx = torch.nonzero(row)
         out.append(int(distances[idx[0, 0]]) if idx.numel() else None)
     return out
+
+
+# ---------------------------------------------------------------- what training adds: measures and their nulls
+@dataclass(frozen=True)
+class CarrierMeasures:
+    """Every carrier measure of chapter 4 for a set of heads, computed from their spectra.
+
+    Attributes (each float64 ``[M]``):
+        alignment_raw: ``C`` with amplitude weights ``r_i`` (:func:`carrier_alignment`).
+        alignment_variation: ``C`` with variation weights ``v_i``.
+        pr_amplitude: participation ratio of the amplitudes (effective number of pairs, 1..P).
+        pr_variation: participation ratio of the variation weights.
+        top2_kept: fraction of the window variance kept by the top-2 pairs (:func:`kernel_reconstruction`).
+        peak_z: the target's margin over the best other offset in the window, in units of the
+            kernel's standard deviation over the window (scale-free selectivity).
+        peak_distance: distance ``d = -D`` of the window's argmax (long ``[M]``).
+    """
+
+    alignment_raw: Tensor
+    alignment_variation: Tensor
+    pr_amplitude: Tensor
+    pr_variation: Tensor
+    top2_kept: Tensor
+    peak_z: Tensor
+    peak_distance: Tensor
+
+    def as_dict(self) -> dict:
+        """The scalar measures by name (everything but ``peak_distance``)."""
+        return {"C raw": self.alignment_raw, "C variation": self.alignment_variation,
+                "PR amplitude": self.pr_amplitude, "PR variation": self.pr_variation,
+                "top-2 kept": self.top2_kept, "peak z": self.peak_z}
+
+    def select(self, index) -> "CarrierMeasures":
+        """The measures of the heads ``index`` (a boolean mask or indices)."""
+        return CarrierMeasures(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
+
+
+def spectrum_measures(spec: CarrierSpectrum, offset, train_len: int) -> CarrierMeasures:
+    """The carrier measures of heads given by their spectra (trained, untrained or with shuffled phases).
+
+    Args:
+        spec: :class:`CarrierSpectrum` of M heads (``r``, ``phi`` ``[M, P]``).
+        offset: the target offset k (one int, or one per head).
+        train_len: the training length; the window is ``D = -(train_len-1) .. 0``.
+
+    Returns:
+        :class:`CarrierMeasures`.
+
+    Raises:
+        ValueError / TypeError: bad offsets, or ``train_len < max(offset) + 2``.
+
+    Source: chapter 4 (the measures and their nulls).
+    """
+    m = spec.r.shape[0]
+    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1))
+    train_len = check_int("train_len", train_len, minimum=int(ks.max()) + 2)
+    rel = relative_positions(train_len).double()
+    comps = spec.r[:, :, None] * torch.cos(spec.theta[None, :, None] * rel[None, None, :] - spec.phi[:, :, None])
+    s = comps.sum(1)  # [M, W]
+    var = comps.std(-1, unbiased=False)
+    cos = torch.cos(spec.phi + spec.theta[None, :] * ks[:, None].double())
+    order = var.argsort(1, descending=True)
+    keep = torch.zeros_like(var, dtype=torch.bool).scatter_(1, order[:, :2], True)
+    approx = torch.where(keep[..., None], comps, comps.mean(-1, keepdim=True)).sum(1)
+    centred = ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
+    rows = torch.arange(m)
+    target = s[rows, train_len - 1 - ks]
+    others = s.clone()
+    others[rows, train_len - 1 - ks] = -math.inf
+    return CarrierMeasures(
+        alignment_raw=(spec.r * cos).sum(1) / spec.r.sum(1),
+        alignment_variation=(var * cos).sum(1) / var.sum(1),
+        pr_amplitude=participation_ratio(spec.r),
+        pr_variation=participation_ratio(var),
+        top2_kept=1 - ((s - approx) ** 2).sum(-1) / centred,
+        peak_z=(target - others.max(1).values) / s.std(1, unbiased=False),
+        peak_distance=train_len - 1 - s.argmax(1),
+    )
+
+
+def shuffled_phases(spec: CarrierSpectrum, n_draws: int, seed: int = 0) -> CarrierSpectrum:
+    """A null: each head's amplitudes with phases drawn uniformly in ``(-pi, pi]``, ``n_draws`` times per head.
+
+    Keeps what a head's amplitudes say and destroys what its phases say (alignment).
+
+    Returns:
+        :class:`CarrierSpectrum` of ``M * n_draws`` heads, head-major (draws of head 0 first).
+    """
+    n_draws = check_int("n_draws", n_draws, minimum=1)
+    gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
+    r = spec.r.repeat_interleave(n_draws, 0)
+    phi = (1 - 2 * torch.rand(r.shape, generator=gen, dtype=torch.float64)) * math.pi
+    return CarrierSpectrum(theta=spec.theta, r=r, phi=phi)
+
+
+def predicted_alias_distance(model, offset, train_len: int, max_distance: int, n_pairs: int = 2,
+                             phase_tolerance: float = math.pi / 3, tolerance: float = 1.0) -> tuple[list, Tensor]:
+    """Predict each head's first aliasing distance from the frequency set and its dominant pairs.
+
+    1. The head's dominant pairs are its ``n_pairs`` pairs of largest variation over the training
+       window (:func:`variation_weights`): the pairs that do the selecting.
+    2. The candidate lags are the near-recurrences of those pairs,
+       :func:`~lengthgen_utils.theory.pair_recurrences` (every dominant pair within
+       ``phase_tolerance`` of a whole turn): they depend on ``d_head``, the base and which pairs
+       dominate, nothing else.
+    3. The predicted first alias is the first candidate distance ``d = k + Delta >= train_len`` at which
+       the kernel, read from the weights, comes within ``tolerance`` nats of its target logit
+       (the criterion of :func:`first_alias_distance`).
+
+    No sequence longer than the training window is run through the model. Where the prediction equals
+    :func:`first_alias_distance` (which scans every distance), the aliases lie where the
+    dominant pairs recur.
+
+    Args:
+        model: a RoPE retrieval head ensemble.
+        offset: the target offset k (one int, or one per model).
+        train_len: the training length.
+        max_distance: largest distance considered (>= train_len).
+        n_pairs: how many dominant pairs (1 .. P).
+        phase_tolerance: radians in (0, pi]; the default ``pi / 3`` keeps half of each pair's amplitude.
+        tolerance: nats below the target logit that count as an alias (>= 0).
+
+    Returns:
+        ``(distances, dominant)``: a list with one predicted distance (int) or None per head, and the
+        dominant pair indices ``[M, n_pairs]``.
+
+    Source: chapter 4, "Aliases come from the frequency set".
+    """
+    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    train_len = check_int("train_len", train_len, minimum=max(ks) + 2)
+    max_distance = check_int("max_distance", max_distance, minimum=train_len)
+    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
+        raise ValueError(f"tolerance must be a number >= 0; got tolerance={tolerance!r}")
+    spec = carrier_spectrum(model)
+    n_pairs = check_int("n_pairs", n_pairs, minimum=1, maximum=spec.theta.numel())
+    dominant = variation_weights(model, train_len).argsort(1, descending=True)[:, :n_pairs]
+    out = []
+    for i, k in enumerate(ks):
+        lags = pair_recurrences(spec.theta, dominant[i].tolist(), max_distance - k, phase_tolerance)
+        distances = lags[lags + k >= train_len] + k
+        if distances.numel() == 0:
+            out.append(None)
+            continue
+        head = spec.select([i])
+        values = _kernel_from_spectrum(head, -distances)[0]
+        target = _kernel_from_spectrum(head, torch.tensor([-k]))[0, 0]
+        hits = torch.nonzero(values >= target - tolerance)
+        out.append(int(distances[hits[0, 0]]) if hits.numel() else None)
+    return out, dominant
+
+
+def _kernel_from_spectrum(spec: CarrierSpectrum, relative: Tensor) -> Tensor:
+    """``s(D) = sum_i r_i cos(theta_i D - phi_i)`` at the given relative positions: float64 ``[M, n]``."""
+    angle = spec.theta[None, :, None] * relative.double()[None, None, :] - spec.phi[:, :, None]
+    return (spec.r[:, :, None] * torch.cos(angle)).sum(1)
+
+
+# ---------------------------------------------------------------- the long-run dilution law, head by head (chapter 5)
+def mean_distractor_weight(model, offset, start: int, stop: int, chunk: int = 1 << 16) -> Tensor:
+    """The average weight of a key relative to the target over the distances ``start .. stop-1``.
+
+    ``(1 / (stop - start)) sum_{d = start}^{stop - 1} exp(s(-d) - s(-k))``: the measured slope of
+    ``1/p(L) - 1`` between ``L = start`` and ``L = stop`` (chapter 5's exact dilution), computed from
+    the weights in chunks (no ``[M, stop]`` tensor is formed).
+
+    Args:
+        model: a RoPE retrieval head ensemble.
+        offset: the target offset k (one int, or one per model).
+        start, stop: ``1 <= start < stop``; the target distance ``k`` must lie below ``start``.
+        chunk: distances per chunk.
+
+    Returns:
+        float64 ``[M]``.
+    """
+    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    start = check_int("start", start, minimum=max(ks) + 1)
+    stop = check_int("stop", stop, minimum=start + 1)
+    chunk = check_int("chunk", chunk, minimum=1)
+    spec = carrier_spectrum(model)
+    k = torch.tensor(ks, dtype=torch.float64)
+    target = (spec.r * torch.cos(-spec.theta[None, :] * k[:, None] - spec.phi)).sum(1, keepdim=True)  # s_m(-k_m)
+    total = torch.zeros(model.n_models, dtype=torch.float64)
+    for begin in range(start, stop, chunk):
+        distances = torch.arange(begin, min(stop, begin + chunk))
+        total += torch.exp(_kernel_from_spectrum(spec, -distances) - target).sum(1)
+    return total / (stop - start)
+
+
+def dilution_law_fit(model, offset, train_len: int, max_len: int) -> dict:
+    """How well the long-run dilution law describes each head's exact ``1/p(L) - 1`` up to ``max_len``.
+
+    The law anchored at the training length, with the orbit slope of
+    :func:`~lengthgen_utils.theory.long_run_slope` and no fitted parameter:
+    ``1/p(L) - 1 = ratio(train_len) + slope (L - train_len)``.
+
+    Returns:
+        ``{"margin", "kappa", "slope", "r2"}``, each float64 ``[M]``: the window margin (nats; see
+        :func:`~lengthgen_utils.theory.mean_field_parameters`), the orbit peakiness
+        (:func:`~lengthgen_utils.theory.orbit_peakiness`), the slope, and the law's R^2 against the exact
+        ratio at every length ``train_len .. max_len``; plus ``"ratio"`` ``[M, max_len - train_len + 1]``
+        (exact) and ``"law"`` (predicted) on those lengths.
+
+    Source: chapter 5.
+    """
+    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    train_len = check_int("train_len", train_len, minimum=max(ks) + 2)
+    max_len = check_int("max_len", max_len, minimum=train_len + 2)
+    spec = carrier_spectrum(model)
+    row = offset_kernel(model, max_len)
+    margin, _ = mean_field_parameters(row, ks, train_len)
+    ratio = distractor_ratio(row, ks)[:, train_len - 1:]
+    log_mean, log_max = orbit_log_stats(spec.r, spec.phi, spec.theta)  # one quadrature for slope and kappa
+    k = torch.tensor(ks, dtype=torch.float64)
+    target = (spec.r * torch.cos(-spec.theta[None, :] * k[:, None] - spec.phi)).sum(1)  # s_m(-k_m)
+    slope = torch.exp(log_mean - target)
+    steps = torch.arange(0, max_len - train_len + 1, dtype=torch.float64)
+    law = ratio[:, :1] + slope[:, None] * steps[None, :]
+    return {"margin": margin, "kappa": log_max - log_mean, "slope": slope,
+            "r2": r_squared(ratio, law), "ratio": ratio, "law": law}

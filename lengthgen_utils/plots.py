@@ -787,6 +787,30 @@ def _own_visibility(trace) -> bool | str:
     return True if trace.visible is None else trace.visible
 
 
+def _stacked_panels(panels: list, active: int) -> tuple[go.Figure, list, list]:
+    """Every panel's traces in one figure, showing panel ``active`` with its layout entire.
+
+    Returns:
+        the figure, and per panel the trace visibility (each trace's own state in its panel, False for the
+        others' traces) and the layout attributes that differ between panels, with this panel's values.
+    """
+    fig = go.Figure(layout=panels[active].layout)  # the page opens on the active panel, its layout entire
+    owner = []  # panel index of every trace
+    for i, panel in enumerate(panels):
+        for trace in panel.data:
+            fig.add_trace(trace)
+            owner.append(i)
+    layouts = [_layout_paths(panel) for panel in panels]
+    paths = sorted(set().union(*layouts))
+    empty = {key: [] for key in _LAYOUT_ARRAYS}  # a panel without annotations clears the others'
+    varying = [p for p in paths if any(lay.get(p, empty.get(p)) != layouts[0].get(p, empty.get(p)) for lay in layouts)]
+    visible = [[_own_visibility(t) if o == i else False for t, o in zip(fig.data, owner)] for i in range(len(panels))]
+    relayout = [{p: layouts[i].get(p, empty.get(p)) for p in varying} for i in range(len(panels))]
+    for trace, v in zip(fig.data, visible[active]):
+        trace.visible = v
+    return fig, visible, relayout
+
+
 def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str = "") -> go.Figure:
     """One figure with a plotly slider that switches between precomputed figures (works with no kernel).
 
@@ -828,26 +852,10 @@ def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str 
         if not frame.data:
             raise ValueError(f"frame {label!r} has no traces")
         figs[label] = frame
-    panels = list(figs.values())
-    shown = panels[active]
-    fig = go.Figure(layout=shown.layout)  # the page opens on the active panel, its layout entire
-    owner = []  # panel index of every trace
-    for i, frame in enumerate(panels):
-        for trace in frame.data:
-            fig.add_trace(trace)
-            owner.append(i)
-    layouts = [_layout_paths(frame) for frame in panels]
-    paths = sorted(set().union(*layouts))
-    empty = {key: [] for key in _LAYOUT_ARRAYS}  # a panel without annotations clears the others'
-    varying = [p for p in paths if any(lay.get(p, empty.get(p)) != layouts[0].get(p, empty.get(p)) for lay in layouts)]
-    steps = []
-    for i, (label, frame) in enumerate(figs.items()):
-        visible = [_own_visibility(t) if o == i else False for t, o in zip(fig.data, owner)]
-        relayout = {p: layouts[i].get(p, empty.get(p)) for p in varying}
-        steps.append(dict(label=label, method="update", args=[{"visible": visible}, relayout]))
-    for trace, visible in zip(fig.data, steps[active]["args"][0]["visible"]):
-        trace.visible = visible
-    height = max(frame.layout.height or FIGURE_HEIGHT for frame in panels)  # fit_to_column adds the slider's room
+    fig, visible, relayout = _stacked_panels(list(figs.values()), active)
+    steps = [dict(label=label, method="update", args=[{"visible": visible[i]}, relayout[i]])
+             for i, label in enumerate(figs)]
+    height = max(frame.layout.height or FIGURE_HEIGHT for frame in figs.values())  # fit_to_column adds the slider's room
     fig.update_layout(height=height,
                       sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=slider_title, suffix=suffix),
                                     x=0.0, len=1.0, y=1.0, yanchor="bottom", pad=dict(t=0, b=18))])
@@ -908,21 +916,7 @@ def grid_slider_figure(panels: dict, slider_titles: tuple[str, str], active: tup
     if not (isinstance(active, tuple) and len(active) == 2 and 0 <= active[0] < len(rows) and 0 <= active[1] < len(cols)):
         raise ValueError(f"active must be (row, column) within ({len(rows)}, {len(cols)}); got {active!r}")
     order = [panels[(r, c)] for r in rows for c in cols]
-    shown = active[0] * len(cols) + active[1]
-    fig = go.Figure(layout=order[shown].layout)
-    owner = []
-    for i, panel in enumerate(order):
-        for trace in panel.data:
-            fig.add_trace(trace)
-            owner.append(i)
-    layouts = [_layout_paths(panel) for panel in order]
-    paths = sorted(set().union(*layouts))
-    empty = {key: [] for key in _LAYOUT_ARRAYS}
-    varying = [p for p in paths if any(lay.get(p, empty.get(p)) != layouts[0].get(p, empty.get(p)) for lay in layouts)]
-    visible = [[_own_visibility(t) if o == i else False for t, o in zip(fig.data, owner)] for i in range(len(order))]
-    relayout = [{p: layouts[i].get(p, empty.get(p)) for p in varying} for i in range(len(order))]
-    for trace, v in zip(fig.data, visible[shown]):
-        trace.visible = v
+    fig, visible, relayout = _stacked_panels(order, active[0] * len(cols) + active[1])
     steps = [[dict(label=label, method="skip", args=[None]) for label in labels] for labels in (rows, cols)]
     fig.update_layout(meta={"grid": {"shape": [len(rows), len(cols)], "visible": visible, "relayout": relayout}},
                       sliders=[dict(active=a, steps=st, currentvalue=dict(prefix=title))
@@ -1258,4 +1252,166 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
     fig.update_layout(title=title)
     fig.update_xaxes(title="absolute position t (row of the APE table)")
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear", exponentformat="power" if log_y else None)
+    return fig
+
+
+# --- decisive evidence: nulls, aliases, regimes (chapters 4 and 5)
+def measure_vs_nulls(groups: dict, measure: str, title: str, y_title: str | None = None) -> go.Figure:
+    """One measure's distribution in trained heads and in each null, as box plots side by side.
+
+    Args:
+        groups: ``{group name: values [n]}`` in display order (e.g. trained heads first, then the nulls).
+        measure: the measure's name (axis title unless ``y_title`` is given).
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure``: one box per group (median line, quartile box, whiskers to 1.5 IQR, outliers).
+
+    Raises:
+        ValueError: no groups, or an empty group.
+    """
+    if not groups:
+        raise ValueError("groups must hold at least one group")
+    fig = go.Figure()
+    for i, (name, values) in enumerate(groups.items()):
+        values = np.asarray(values, dtype=float).ravel()
+        if values.size == 0:
+            raise ValueError(f"group {name!r} is empty")
+        fig.add_trace(go.Box(y=values, name=f"{name}<br>(n = {values.size})", marker_color=PALETTE[i % 10],
+                             boxpoints="outliers" if values.size > 200 else "all", jitter=0.4, pointpos=0,
+                             marker=dict(size=4), line=dict(width=1.5)))
+    fig.update_layout(title=title, showlegend=False)
+    fig.update_yaxes(title=y_title or measure)
+    return fig
+
+
+def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_title: str, title: str,
+                     x_none: str | None = None, y_none: str | None = None, diagonal: str = "prediction = measurement",
+                     groups=None) -> go.Figure:
+    """A prediction against a measurement on log axes, where either may be "none up to a limit".
+
+    ``None`` in ``x`` (``y``) is drawn in a column (row) of its own beyond ``x_limit`` (``y_limit``),
+    labelled ``x_none`` (``y_none``), so that "not seen" is never drawn as a number.
+
+    Args:
+        x, y: per model, a positive number or None.
+        labels: per model hover text.
+        x_limit, y_limit: the largest value that could have been seen on each axis.
+        x_title, y_title, title: axis and figure titles.
+        x_none, y_none: tick text of the censored column / row (default ``"none ≤ limit"``).
+        diagonal: legend text of the dotted ``y = x`` line.
+        groups: optional per-model group names (one colour and legend entry each).
+
+    Raises:
+        ValueError: lengths differ, or a value lies beyond its limit.
+    """
+    n = len(labels)
+    if len(x) != n or len(y) != n:
+        raise ValueError(f"x, y and labels must have one entry per model; got {len(x)}, {len(y)}, {n}")
+    if any(v is not None and v > x_limit for v in x) or any(v is not None and v > y_limit for v in y):
+        raise ValueError(f"x values must be <= x_limit={x_limit} and y values <= y_limit={y_limit}, or None")
+    groups = ["heads"] * n if groups is None else list(groups)
+    x_cens, y_cens = 2 ** (int(np.ceil(np.log2(x_limit))) + 1), 2 ** (int(np.ceil(np.log2(y_limit))) + 1)
+    fig = go.Figure()
+    for gi, group in enumerate(dict.fromkeys(groups)):
+        rows = [i for i in range(n) if groups[i] == group]
+        fig.add_trace(go.Scatter(
+            x=[x[i] if x[i] is not None else x_cens for i in rows], y=[y[i] if y[i] is not None else y_cens for i in rows],
+            mode="markers", name=f"{group} ({len(rows)})", text=[labels[i] for i in rows],
+            marker=dict(size=10, color=PALETTE[gi % 10], opacity=0.7, line=dict(width=1, color="white")),
+            hovertemplate="%{text}<br>x: %{x}<br>y: %{y}<extra></extra>"))
+    low = 8
+    fig.add_trace(go.Scatter(x=[low, max(x_cens, y_cens)], y=[low, max(x_cens, y_cens)], mode="lines", name=diagonal,
+                             line=dict(color="black", dash="dot")))
+    fig.update_layout(title=title)
+
+    def ticks(limit, cens, none):
+        vals = [2 ** e for e in range(3, int(np.log2(cens))) if 2 ** e <= limit][::2] + [cens]
+        return vals, [str(v) for v in vals[:-1]] + [none or f"none ≤ {limit}"]
+
+    xv, xt = ticks(x_limit, x_cens, x_none)
+    yv, yt = ticks(y_limit, y_cens, y_none)
+    fig.update_xaxes(title=x_title, type="log", tickvals=xv, ticktext=xt, tickangle=0,
+                     range=[np.log10(low), np.log10(x_cens) + 0.15])
+    fig.update_yaxes(title=y_title, type="log", tickvals=yv, ticktext=yt, range=[np.log10(low), np.log10(y_cens) + 0.15])
+    return fig
+
+
+def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str) -> go.Figure:
+    """Accuracy of every head (rows) at every length (columns): where each head falls, and how fast.
+
+    Args:
+        accuracy: ``[M, n]`` accuracies; lengths: ``n`` tokens; labels: ``M`` row names.
+        chance: chance accuracy (the colour scale runs from chance to 1).
+        title: figure title.
+    """
+    accuracy = np.asarray(accuracy, dtype=float)
+    if accuracy.shape != (len(labels), len(lengths)):
+        raise ValueError(f"accuracy must be [len(labels), len(lengths)] = [{len(labels)}, {len(lengths)}]; "
+                         f"got {accuracy.shape}")
+    fig = go.Figure(go.Heatmap(z=accuracy, x=[str(L) for L in lengths], y=list(labels), zmin=chance, zmax=1.0,
+                               colorscale="Viridis", colorbar=dict(title="accuracy"),
+                               hovertemplate="%{y}, L = %{x}: accuracy %{z:.2f}<extra></extra>"))
+    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 120 + 13 * len(labels)))
+    fig.update_xaxes(title="sequence length L (tokens)", type="category", tickangle=0, nticks=8)
+    fig.update_yaxes(title="", autorange="reversed", tickfont=dict(size=10))
+    return fig
+
+
+def r2_vs_margin(margin, r2, kind, labels, title: str, floor: float = -1.0, threshold: float = 0.9,
+                 symbol_by=None) -> go.Figure:
+    """The law's R^2 of each head against its margin, coloured by how its accuracy falls.
+
+    Args:
+        margin: per head, target logit minus the best other logit in the training window (nats).
+        r2: per head, the coefficient of determination of the law (drawn clipped at ``floor``).
+        kind: per head, how accuracy falls (e.g. ``"cliff"``, ``"gradual"``, ``"holds"``): one colour each.
+        labels: per head hover text.
+        threshold: drawn as a dashed line (the R^2 the law must reach).
+        symbol_by: optional per-head regime names (one marker symbol each).
+    """
+    margin, r2 = np.asarray(margin, dtype=float), np.asarray(r2, dtype=float)
+    n = len(labels)
+    if margin.shape != (n,) or r2.shape != (n,) or len(kind) != n:
+        raise ValueError(f"margin, r2, kind and labels must have one entry per head ({n})")
+    symbols = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down"]
+    regimes = list(dict.fromkeys(symbol_by)) if symbol_by is not None else [None]
+    fig = go.Figure()
+    for ki, k in enumerate(dict.fromkeys(kind)):
+        for ri, regime in enumerate(regimes):
+            rows = [i for i in range(n) if kind[i] == k and (regime is None or symbol_by[i] == regime)]
+            if not rows:
+                continue
+            fig.add_trace(go.Scatter(
+                x=margin[rows], y=np.maximum(r2[rows], floor), mode="markers",
+                name=f"{k}" + (f", {regime}" if regime is not None else "") + f" ({len(rows)})",
+                text=[f"{labels[i]}: R² = {r2[i]:.3g}" for i in rows],
+                marker=dict(size=9, color=PALETTE[ki % 10], symbol=symbols[ri % len(symbols)], opacity=0.75),
+                hovertemplate="%{text}<br>margin %{x:.2f} nats<extra></extra>"))
+    fig.add_hline(y=threshold, line=dict(color="gray", dash="dash"), annotation_text=f"R² = {threshold}",
+                  annotation_position="bottom right")
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="margin in the training window (nats)")
+    fig.update_yaxes(title=f"R² of the long-run law (clipped at {floor:g})", range=[floor - 0.05, 1.05])
+    return fig
+
+
+def scaled_vs_plain_mass(lengths, plain, scaled, title: str) -> go.Figure:
+    """Target attention mass against length with and without a length-aware logit scale (mean, min..max band).
+
+    Args:
+        lengths: ``n`` tokens; plain, scaled: ``[M, n]`` target mass of the same heads.
+    """
+    fig = go.Figure()
+    for i, (name, values) in enumerate((("plain softmax", plain), ("log-length scaled logits", scaled))):
+        values = np.asarray(values, dtype=float)
+        color = PALETTE[i]
+        fig.add_trace(go.Scatter(x=list(lengths) + list(lengths)[::-1],
+                                 y=list(values.max(0)) + list(values.min(0))[::-1], fill="toself",
+                                 fillcolor=_rgba(color, 0.15), line=dict(width=0), hoverinfo="skip", showlegend=False))
+        fig.add_trace(go.Scatter(x=list(lengths), y=values.mean(0), mode="lines+markers", name=name,
+                                 line=dict(color=color, width=2.5, dash="solid" if i == 0 else "dash")))
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
+    fig.update_yaxes(title="attention mass on the target, p(L)", range=[0, 1.02])
     return fig

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence
+from ._validate import check_int, check_int_sequence, per_model_ints
 from .attention import attention_scores, causal_mask, row_weights
 from .positional import RoPE, rope_angles
 from .tasks import as_task_list, query_targets, shared_task
@@ -197,13 +197,35 @@ def attention_argmax(model, lengths) -> Tensor:
 
     In the position-only head the attention row does not depend on the
     tokens, so every sequence of a given length has the same argmax; this is
-    it. Ties go to the lowest position.
+    it. Ties go to the lowest position. The rows of every length are read off one
+    logit matrix at the longest length (:func:`position_logits`: row ``L-1``, keys ``0 .. L-1``,
+    is the model's score row at length ``L``).
 
     Returns:
         LongTensor ``[M, len(lengths)]`` of positions in ``0 .. L-1``, on CPU.
     """
     lengths = check_int_sequence("lengths", lengths, minimum=1)
-    return torch.stack([model.scores(L).argmax(-1) for L in lengths], -1).cpu()
+    logits = position_logits(model, max(lengths)).cpu()  # [M, L_max, L_max] (query, key)
+    return torch.stack([logits[:, L - 1, :L].argmax(-1) for L in lengths], -1)
+
+
+@torch.no_grad()
+def attention_at(model, positions, lengths) -> Tensor:
+    """The query's attention weight on one absolute key position per model, at each length.
+
+    Args:
+        model: a :class:`~lengthgen_utils.models.RetrievalHead` ensemble (M models).
+        positions: one key position per model (an int or M ints), each ``< min(lengths)``.
+        lengths: sequence lengths.
+
+    Returns:
+        float64 ``[M, len(lengths)]`` on CPU (e.g. the weight on a pinned position, chapter 3).
+    """
+    lengths = check_int_sequence("lengths", lengths, minimum=1)
+    index = torch.tensor(per_model_ints("positions", positions, model.n_models, minimum=0,
+                                        maximum=min(lengths) - 1))
+    rows = torch.arange(model.n_models)
+    return torch.stack([model.attention_row(L).double().cpu()[rows, index] for L in lengths], -1)
 
 
 def attention_argmax_histogram(model, lengths) -> Tensor:
@@ -347,3 +369,60 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
             logit[:, layer, :, d] = s[..., queries, keys].double().mean((1, 3)).cpu()
             weight[:, layer, :, d] = w[..., queries, keys].double().mean((1, 3)).cpu()
     return logit, weight
+
+
+# ---------------------------------------------------------------- how accuracy falls (chapter 5)
+def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 0.9, cliff: float = 0.5,
+                        gradual: float = 1.0) -> dict:
+    """Where each model's accuracy falls and how fast: a cliff or a gradual decay.
+
+    ``L_high`` is the first length with accuracy below ``high``; ``L_half`` the first length with
+    accuracy below ``(1 + chance) / 2``, halfway from perfect to chance. The width of the fall is
+    ``log2(L_half / L_high)`` octaves: 0 when it happens between two neighbouring lengths of the grid.
+
+    Args:
+        accuracy: ``[M, n]`` accuracies at increasing ``lengths``.
+        lengths: ``n`` increasing lengths (a fine grid resolves the width: e.g. four per octave).
+        chance: the task's chance accuracy.
+        high: the accuracy a model counts as intact at.
+        cliff, gradual: widths (octaves) at or below which a fall is a cliff, at or above which it is gradual.
+
+    Returns:
+        ``{"high": [M] lengths or None, "half": [M] lengths or None, "width": [M] float64 octaves
+        (NaN where either length is missing), "start": [M] accuracy at the first length,
+        "kind": [M] one of "not learned" (below ``high`` at the first length), "holds" (never below
+        ``high``), "cliff", "gradual", "between" (a width in between) or "partial" (below ``high`` but
+        never below halfway)}``.
+
+    Raises:
+        ValueError: shapes that do not match, lengths not increasing, chance or high outside (0, 1).
+    """
+    lengths = check_int_sequence("lengths", lengths, minimum=1)
+    accuracy = torch.as_tensor(accuracy, dtype=torch.float64)
+    if accuracy.dim() != 2 or accuracy.shape[1] != len(lengths):
+        raise ValueError(f"accuracy must be [M, {len(lengths)}] (one column per length); got {tuple(accuracy.shape)}")
+    if any(b <= a for a, b in zip(lengths, lengths[1:])):
+        raise ValueError(f"lengths must increase; got {lengths}")
+    if not (0 < chance < 1) or not (0 < high < 1) or high <= (1 + chance) / 2:
+        raise ValueError(f"need 0 < chance < 1 and (1 + chance)/2 < high < 1; got chance={chance}, high={high}")
+    half_level = (1 + chance) / 2
+
+    def first(row, level):
+        below = torch.nonzero(row < level)
+        return lengths[int(below[0, 0])] if below.numel() else None
+
+    out_high = [first(row, high) for row in accuracy]
+    out_half = [first(row, half_level) for row in accuracy]
+    width = torch.tensor([math.log2(b / a) if a is not None and b is not None else math.nan
+                          for a, b in zip(out_high, out_half)], dtype=torch.float64)
+    kinds = []
+    for row, a, w in zip(accuracy, out_high, width.tolist()):
+        if row[0] < high:
+            kinds.append("not learned")
+        elif a is None:
+            kinds.append("holds")
+        elif math.isnan(w):
+            kinds.append("partial")
+        else:
+            kinds.append("cliff" if w <= cliff else "gradual" if w >= gradual else "between")
+    return {"high": out_high, "half": out_half, "width": width, "start": accuracy[:, 0].clone(), "kind": kinds}

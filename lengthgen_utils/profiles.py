@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ._validate import check_int, check_int_sequence
+from ._validate import check_int, check_int_sequence, check_rope_base
 from .attention import check_attention
 
 PROFILE_ENV = "LENGTHGEN_PROFILE"
@@ -45,6 +45,9 @@ class Profile:
         attentions: the attention normalisers a sweep covers (``"softmax"``, ``"linear"``).
         transformer: the multi-layer transformer's settings (fields of
             :class:`~lengthgen_utils.configs.TransformerExperiment`), as ``(name, value)`` pairs or a dict.
+        rope_bases: the RoPE bases of chapter 4's base sweep, besides the book's 10^4.
+        margin_controls: the margin controls chapter 5 sweeps (``"steps"``, ``"weight decay"``,
+            ``"base"``, ``"temperature"``).
 
     Sequence fields accept lists and are stored as tuples (lists inside ``transformer``'s values too),
     so a profile is hashable.
@@ -62,6 +65,8 @@ class Profile:
     offsets: tuple[int, ...] = (1, 2, 3, 5)
     attentions: tuple[str, ...] = ("softmax", "linear")
     transformer: tuple[tuple[str, object], ...] = ()
+    rope_bases: tuple[float, ...] = (10.0,)
+    margin_controls: tuple[str, ...] = ("steps", "weight decay")
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -83,6 +88,13 @@ class Profile:
             if not isinstance(key, str):
                 raise TypeError(f"transformer keys must be field names (str); got {key!r}")
         object.__setattr__(self, "transformer", tuple((k, _frozen(f"transformer[{k!r}]", v)) for k, v in pairs.items()))
+        if isinstance(self.rope_bases, (str, bytes)) or not hasattr(self.rope_bases, "__iter__"):
+            raise TypeError(f"rope_bases must be a sequence of numbers; got {self.rope_bases!r}")
+        object.__setattr__(self, "rope_bases", tuple(check_rope_base(f"rope_bases[{i}]", b)
+                                                     for i, b in enumerate(self.rope_bases)))
+        if isinstance(self.margin_controls, (str, bytes)) or not hasattr(self.margin_controls, "__iter__"):
+            raise TypeError(f"margin_controls must be a sequence of names; got {self.margin_controls!r}")
+        object.__setattr__(self, "margin_controls", tuple(self.margin_controls))
 
 
 PROFILES = {
@@ -99,7 +111,9 @@ PROFILES = {
     "full": Profile("full", n_seeds=16, steps=4000, batch_size=256, eval_samples=4096,
                     length_multiples=(1, 2, 4, 8, 16, 32, 64), offsets=(1, 2, 3, 5, 8),
                     transformer=dict(d_model=128, batch_size=64, steps=1500, lr=1e-3, n_seeds=5,
-                                     eval_samples=256).items()),
+                                     eval_samples=256).items(),
+                    rope_bases=(10.0, 1e2, 1e3, 1e5),
+                    margin_controls=("steps", "weight decay", "base", "temperature")),
 }
 
 

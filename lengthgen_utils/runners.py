@@ -9,6 +9,7 @@ Data flows one way: configuration -> model -> training -> evaluation -> result.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,14 +18,14 @@ import torch
 
 from ._validate import check_int, check_positive_float
 from .cache import load_or_run
-from .configs import (KernelHeadConfig, RetrievalExperiment, RetrievalSweep, TransformerExperiment,
+from .configs import (KernelHeadConfig, RetrievalExperiment, RetrievalSweep, SnapshotSweep, TransformerExperiment,
                       transformer_experiment)
 from .evaluation import (accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position)
 from .models import KernelHead, RetrievalHead, Transformer
 from .positional import get_encoding, kernel_frequencies, rope_kernel_features
 from .profiles import Profile
-from .theory import (expected_squared_error, gradient_descent_kernel, min_norm_interpolant, squared_loss_quadratic,
-                     trained_relative_positions)
+from .theory import (expected_squared_error, gradient_descent_kernel, log_length_scale, min_norm_interpolant,
+                     squared_loss_quadratic, trained_relative_positions)
 from .training import default_device, train, train_sequence, train_squared_loss
 
 
@@ -231,6 +232,115 @@ def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), device=None
     return OffsetSweepResult(exp, result.models[key], [t.offset for t in sweep.tasks], sweep.seeds,
                              history.reshape(history.shape[0], -1), list(result.lengths),
                              result.accuracy[key].reshape(sweep.n_models, -1))
+
+
+# ---------------------------------------------------------------- untrained heads (the nulls of chapter 4)
+def untrained_heads(exp: RetrievalExperiment, n_heads: int, first_seed: int = 1_000_000) -> RetrievalHead:
+    """``n_heads`` untrained heads of ``exp``'s architecture, initialised exactly as training starts them.
+
+    Seeds ``first_seed .. first_seed + n_heads - 1``, disjoint from the seeds ``0 .. n_seeds-1`` that the
+    book trains, so no null head is the initial state of a trained one. The null of chapter 4: what
+    the package's initialisation already gives, before any training.
+
+    Raises:
+        ValueError / TypeError: ``n_heads < 1`` or ``first_seed`` not an int >= ``exp.n_seeds``.
+    """
+    n_heads = check_int("n_heads", n_heads, minimum=1)
+    first_seed = check_int("first_seed", first_seed, minimum=exp.n_seeds)
+    return _retrieval_head(exp, n_heads, range(first_seed, first_seed + n_heads), exp.pe, exp.attention)
+
+
+# ---------------------------------------------------------------- one training, several snapshots (chapter 5)
+class _LogLengthTrainingHead(RetrievalHead):
+    """A retrieval head whose logits at length ``L`` are multiplied by ``log L / log train_len`` in every forward
+    pass: a log-length temperature used in training (its weights load into a plain :class:`RetrievalHead`)."""
+
+    def __init__(self, *args, train_len: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.train_len = train_len
+
+    def forward(self, tokens, position_shift=0, validate=True, logit_scale=1.0, positions=None):
+        scale = logit_scale * math.log(tokens.shape[-1]) / math.log(self.train_len)
+        return super().forward(tokens, position_shift, validate, scale, positions)
+
+
+@dataclass
+class SnapshotResult:
+    """What :func:`run_snapshots` returns.
+
+    Attributes:
+        config: the :class:`~lengthgen_utils.configs.SnapshotSweep`.
+        models: ``step ->`` the ensemble's weights after that step (a :class:`RetrievalHead`, offset-major models).
+        accuracy: ``step ->`` ``[n_models, len(lengths)]`` accuracy at ``config.lengths`` (with the
+            log-length scale when ``config.length_temperature``).
+        loss_history: ``[steps, n_models]`` training losses (nats).
+        offsets: one offset per model; seeds: one initialisation seed per model.
+    """
+
+    config: SnapshotSweep
+    models: dict
+    accuracy: dict
+    loss_history: torch.Tensor
+    offsets: list
+    seeds: list
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.config.lengths)
+
+
+def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> SnapshotResult:
+    """Train the one ensemble of ``config.sweep`` once, keeping its weights at ``config.snapshot_steps``.
+
+    Each snapshot equals the same ensemble trained for that many steps alone (the training stream does
+    not depend on the run's length). Every snapshot is evaluated at ``config.lengths``. Results go
+    through the results cache.
+
+    Returns:
+        a :class:`SnapshotResult`.
+    """
+    device = _device(device)
+    sweep = config.sweep
+    pe, attention = sweep.pes[0], sweep.attentions[0]
+    tasks, seeds = sweep.tasks, sweep.seeds
+    lengths = list(config.lengths)
+    scale = log_length_scale(lengths, sweep.train_len) if config.length_temperature else None
+
+    def build(training: bool = False) -> RetrievalHead:
+        if training and config.length_temperature:
+            return _LogLengthTrainingHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
+                                          max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
+                                          train_len=sweep.train_len)
+        return _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
+
+    def compute():
+        model = build(training=True)
+        kept = {}
+
+        def keep(step, _loss):
+            if step in config.snapshot_steps:
+                kept[step] = {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+        history = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
+                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, weight_decay=sweep.weight_decay,
+                        seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep)
+        accuracy = []
+        for step in config.snapshot_steps:
+            plain = build().to(device)
+            plain.load_state_dict(kept[step])
+            accuracy.append(accuracy_by_length(plain, tasks, lengths, n_samples=config.eval_samples,
+                                               logit_scale=scale))
+        return {"states": [kept[s] for s in config.snapshot_steps], "loss_history": history, "accuracy": accuracy}
+
+    payload, status = load_or_run(config, compute, cache=cache, device=device)
+    models = {}
+    for step, state in zip(config.snapshot_steps, payload["states"]):
+        models[step] = build()
+        models[step].load_state_dict(state)
+        models[step].to(device).eval()
+    return SnapshotResult(config, models, dict(zip(config.snapshot_steps, payload["accuracy"])),
+                          payload["loss_history"], [t.offset for t in tasks], list(seeds), extra={"cache": status})
 
 
 # ---------------------------------------------------------------- the direct kernel head (chapter 6)

@@ -239,6 +239,275 @@ def linear_fit(x, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return slope, intercept, 1 - (resid ** 2).sum(1) / ss_tot
 
 
+# --- the frequency set: orbits, near-recurrences and the long-run dilution law (chapters 4 and 5)
+#
+# A RoPE kernel s(D) = sum_i r_i cos(theta_i D - phi_i) sees the integer offsets D only through the
+# phases (theta_i D mod 2 pi)_i. Where two frequencies have a rational ratio, their phases are tied
+# for ever: with base 10^4 and d_head 16, theta_i = 10^(-i/2), so theta_i = 10 theta_{i+2} and
+# theta_0 D = 10 theta_2 D (mod 2 pi) at every D. The phases then do not fill the 8-torus (Kronecker's
+# theorem needs independent frequencies); they run along a lower-dimensional torus, and every average
+# over long sequences is an average over that torus.
+
+
+def _check_theta(theta) -> Tensor:
+    theta = torch.as_tensor(theta, dtype=torch.float64).flatten()
+    if theta.numel() == 0 or not torch.isfinite(theta).all() or (theta <= 0).any():
+        raise ValueError(f"theta must be a non-empty list of finite frequencies > 0 (rad/token); got {theta.tolist()}")
+    return theta
+
+
+def frequency_orbits(theta, max_denominator: int = 12, atol: float = 1e-6) -> list[tuple[float, tuple]]:
+    """Group frequencies whose ratios are rational: the independent directions their phases move in.
+
+    Two frequencies are tied when ``theta_a / theta_b = p / q`` with ``q <= max_denominator`` (to
+    ``atol`` in ``q theta_a / theta_b``); a group with generator ``omega`` holds pairs with
+    ``theta_i = n_i omega`` for integers ``n_i``, so its phases are all functions of one angle
+    ``psi = omega D mod 2 pi``. Groups are found pairwise, slowest frequency first. For RoPE sets with
+    an integer-power base this finds every rational relation: their ratios are powers of
+    ``base^(2 / d_head)``, and (for base ``10^m``) the powers that are not integers are linearly
+    independent over the rationals, as are the generators together with ``2 pi``.
+
+    Args:
+        theta: frequencies ``[P]`` (rad/token), e.g. :func:`~lengthgen_utils.positional.rope_inverse_frequencies`.
+        max_denominator: largest ``q`` tried in ``p / q``.
+        atol: how close ``q theta_a / theta_b`` must be to an integer.
+
+    Returns:
+        ``[(omega, ((i, n_i), ...)), ...]``: one entry per group, members sorted by pair index. With
+        base 10^4 and d_head 16: two groups, ``theta_{0,2,4,6} = (1000, 100, 10, 1) theta_6`` and
+        ``theta_{1,3,5,7} = (1000, 100, 10, 1) theta_7``.
+
+    Raises:
+        ValueError: frequencies not finite and positive; bad ``max_denominator`` or ``atol``.
+
+    Source: chapter 4, "Aliases come from the frequency set"; Kronecker's theorem (e.g. Hardy & Wright,
+    ch. 23) applies to the generators, not to the raw frequencies.
+    """
+    theta = _check_theta(theta)
+    max_denominator = check_int("max_denominator", max_denominator, minimum=1)
+    atol = check_positive_float("atol", atol)
+    groups: list[list] = []  # [omega, {index: multiplier}]
+    for i in theta.argsort().tolist():
+        for group in groups:
+            ratio = float(theta[i]) / group[0]
+            q = next((q for q in range(1, max_denominator + 1) if abs(q * ratio - round(q * ratio)) <= atol), None)
+            if q is not None:
+                group[0] /= q
+                group[1] = {j: n * q for j, n in group[1].items()}
+                group[1][i] = round(q * ratio)
+                break
+        else:
+            groups.append([float(theta[i]), {i: 1}])
+    return [(omega, tuple(sorted(members.items()))) for omega, members in groups]
+
+
+def _spectrum(r, phi, theta) -> tuple[Tensor, Tensor, Tensor]:
+    theta = _check_theta(theta)
+    r = torch.as_tensor(r, dtype=torch.float64)
+    phi = torch.as_tensor(phi, dtype=torch.float64)
+    r, phi = (x[None] if x.dim() == 1 else x for x in (r, phi))
+    if r.dim() != 2 or r.shape != phi.shape or r.shape[1] != theta.numel():
+        raise ValueError(f"r and phi must both be [M, P] with P = len(theta) = {theta.numel()}; "
+                         f"got r {tuple(r.shape)}, phi {tuple(phi.shape)}")
+    if not (torch.isfinite(r).all() and torch.isfinite(phi).all()) or (r < 0).any():
+        raise ValueError("r must be finite and >= 0 and phi finite")
+    return r, phi, theta
+
+
+def orbit_log_stats(r, phi, theta, orbits=None, grid: int | None = None) -> tuple[Tensor, Tensor]:
+    """``log`` of the orbit average and of the orbit maximum of ``exp(s)``: two float64 ``[M]``, from one
+    quadrature (see :func:`orbit_log_mean_exp` and :func:`orbit_peakiness`, which return one each)."""
+    r, phi, theta = _spectrum(r, phi, theta)
+    orbits = frequency_orbits(theta) if orbits is None else orbits
+    covered = sorted(i for _, members in orbits for i, _ in members)
+    if covered != list(range(theta.numel())):
+        raise ValueError(f"orbits must hold every pair index 0..{theta.numel() - 1} exactly once; got {covered}")
+    log_mean = torch.zeros(r.shape[0], dtype=torch.float64)
+    log_max = torch.zeros(r.shape[0], dtype=torch.float64)
+    for _, members in orbits:
+        idx = torch.tensor([i for i, _ in members])
+        mult = torch.tensor([n for _, n in members], dtype=torch.float64)
+        amp = float(r[:, idx].max())
+        # the integrand's harmonics above n_max (r + 6 sqrt(r) + 10) carry less than e^-18 of its mean
+        points = grid if grid is not None else 1 << math.ceil(math.log2(
+            max(256.0, float(mult.max()) * (amp + 6 * math.sqrt(amp) + 10))))
+        points = check_int("grid", points, minimum=8)
+        psi = torch.arange(points, dtype=torch.float64) * (2 * math.pi / points)
+        for chunk in torch.arange(r.shape[0]).split(max(1, 2 ** 22 // points)):
+            arg = (r[chunk][:, idx][:, :, None] * torch.cos(mult[None, :, None] * psi[None, None, :]
+                                                             - phi[chunk][:, idx][:, :, None])).sum(1)
+            log_mean[chunk] += torch.logsumexp(arg, -1) - math.log(points)
+            log_max[chunk] += arg.amax(-1)
+    return log_mean, log_max
+
+
+def orbit_log_mean_exp(r, phi, theta, orbits=None, grid: int | None = None) -> Tensor:
+    """``log`` of the long-run average of ``exp(s(D))`` over the integer offsets, for the orbit the phases follow.
+
+    ``s(D) = sum_i r_i cos(theta_i D - phi_i)``. Along the integers, each orbit group of
+    :func:`frequency_orbits` is driven by one angle ``psi_g = omega_g D`` and the groups (with ``2 pi``) are
+    rationally independent, so by Weyl's equidistribution theorem
+
+        lim_{N -> inf} (1/N) sum_{D} exp(s(D)) = prod_g (1/2 pi) int_0^{2 pi} exp(sum_{i in g} r_i cos(n_i psi - phi_i)) d psi.
+
+    Each one-dimensional integral is taken with the trapezoid rule on ``grid`` points, exact for the
+    harmonics below ``grid`` and exponentially accurate for this analytic integrand. With every pair in
+    its own group the result is ``sum_i log I_0(r_i)`` (independent phases; see
+    :func:`independent_log_mean_exp`).
+
+    Args:
+        r, phi: amplitudes and phases ``[M, P]`` (or ``[P]``), as in
+            :func:`~lengthgen_utils.kernel.carrier_spectrum` (nats, rad).
+        theta: frequencies ``[P]`` (rad/token).
+        orbits: the groups (default :func:`frequency_orbits` of ``theta``).
+        grid: quadrature points per group (default: enough for the largest multiplier and amplitude).
+
+    Returns:
+        float64 ``[M]`` (nats).
+
+    Raises:
+        ValueError: shapes that do not match, negative amplitudes, groups that do not cover every pair once.
+
+    Source: chapter 5, "The long-run law"; Weyl 1916 (equidistribution).
+    """
+    return orbit_log_stats(r, phi, theta, orbits, grid)[0]
+
+
+def orbit_peakiness(r, phi, theta, orbits=None, grid: int | None = None) -> Tensor:
+    """``kappa = log max exp(s) - log mean exp(s)`` over the orbit (nats): how spiky the distractor weights are.
+
+    ``exp(-kappa)`` is about the share of the orbit on which ``exp(s)`` is near its maximum, so an average over
+    ``n`` consecutive offsets has met that region about ``n exp(-kappa)`` times: the long-run law
+    (:func:`long_run_slope`) can describe a sum over ``n`` keys only once ``n exp(-kappa) >> 1``; before
+    that, the few largest terms (aliases) decide it.
+
+    Returns:
+        float64 ``[M]``, >= 0.
+    """
+    log_mean, log_max = orbit_log_stats(r, phi, theta, orbits, grid)
+    return log_max - log_mean
+
+
+def independent_log_mean_exp(r) -> Tensor:
+    """``sum_i log I_0(r_i)``: the long-run ``log`` average of ``exp(s(D))`` if every phase were independent.
+
+    The product of Bessel factors that Kronecker's theorem would give for rationally independent
+    frequencies; for RoPE with base 10^4 the phases are tied (:func:`frequency_orbits`) and
+    :func:`orbit_log_mean_exp` is the right average.
+
+    Args:
+        r: amplitudes ``[M, P]`` (nats), >= 0.
+
+    Returns:
+        float64 ``[M]``.
+    """
+    r = torch.as_tensor(r, dtype=torch.float64)
+    if not torch.isfinite(r).all() or (r < 0).any():
+        raise ValueError("r must be finite and >= 0")
+    return (torch.log(torch.special.i0e(r)) + r).sum(-1)
+
+
+def long_run_slope(r, phi, theta, offset, orbits=None) -> Tensor:
+    """The long-run dilution law: ``1/p(L) - 1`` grows like ``slope * L`` for ``L -> inf``.
+
+    ``1/p(L) - 1 = sum_{D != -k} exp(s(D) - s(-k))`` (chapter 5's exact dilution), so each new key adds on
+    average ``slope = exp(log <exp s>_orbit - s(-k))`` (:func:`orbit_log_mean_exp`).
+
+    Args:
+        r, phi, theta: the carrier spectrum (``[M, P]``, ``[M, P]``, ``[P]``).
+        offset: the target offset k (an int, or one per model).
+        orbits: as in :func:`orbit_log_mean_exp` (``[[(i, 1)] ...]`` per pair alone gives the Bessel product).
+
+    Returns:
+        float64 ``[M]``: the slope per token (dimensionless).
+
+    Source: the abstract's attention-dilution law, derived for the frequency set the head actually has (chapter 5).
+    """
+    r, phi, theta = _spectrum(r, phi, theta)
+    ks = torch.tensor(per_model_ints("offset", offset, r.shape[0], minimum=1), dtype=torch.float64)
+    target = (r * torch.cos(-theta[None, :] * ks[:, None] - phi)).sum(1)
+    return torch.exp(orbit_log_mean_exp(r, phi, theta, orbits) - target)
+
+
+def pair_recurrences(theta, pairs, max_distance: int, tolerance: float = math.pi / 3) -> Tensor:
+    """The lags at which the given frequency pairs all come back near a whole number of turns.
+
+    ``{Delta in 1..max_distance : |wrap(theta_i Delta)| <= tolerance for every i in pairs}``, with
+    ``wrap`` to ``(-pi, pi]``. A kernel whose selection rests on these pairs repeats its value at ``D``
+    near ``D - Delta`` for each such lag: the candidates for an alias of the target offset ``-k`` are
+    the offsets ``-(k + Delta)``. The list depends on the frequency set (``d_head``, base) and on which
+    pairs are meant, nothing else. With base 10^4, d_head 16, pairs {0, 1} and a tolerance of 0.4 rad
+    it starts 19, 119 (about 38 pi), 138, 239, ..., 358, 377 (about 120 pi), ...
+
+    Args:
+        theta: frequencies ``[P]`` (rad/token).
+        pairs: pair indices (ints in ``0 .. P-1``).
+        max_distance: largest lag (>= 1).
+        tolerance: largest phase error per pair, radians in ``(0, pi]``; the default ``pi/3`` keeps at
+            least half of each pair's amplitude (``cos(pi/3) = 1/2``).
+
+    Returns:
+        long ``[n]``, increasing.
+    """
+    theta = _check_theta(theta)
+    pairs = check_int_sequence("pairs", pairs, minimum=0)
+    for i, p in enumerate(pairs):
+        check_int(f"pairs[{i}]", p, maximum=theta.numel() - 1)
+    max_distance = check_int("max_distance", max_distance, minimum=1)
+    tolerance = check_positive_float("tolerance", tolerance)
+    if tolerance > math.pi:
+        raise ValueError(f"tolerance must be in (0, pi]; got tolerance={tolerance}")
+    lags = torch.arange(1, max_distance + 1)
+    phase = theta[list(pairs)][:, None] * lags.double()[None, :]
+    error = torch.remainder(phase + math.pi, 2 * math.pi) - math.pi
+    return lags[(error.abs() <= tolerance).all(0)]
+
+
+def separation_auc(trained, null) -> float:
+    """How well a measure separates two groups: ``P(x > y) + P(x = y) / 2`` for ``x`` trained, ``y`` null.
+
+    The area under the ROC curve (the Mann-Whitney U statistic divided by ``n_x n_y``): 1 when every
+    trained head lies above every null head, 0 when every one lies below, 0.5 when the measure cannot
+    tell them apart.
+
+    Args:
+        trained, null: 1-d tensors of one measure (any length >= 1).
+
+    Returns:
+        a float in [0, 1].
+    """
+    x = torch.as_tensor(trained, dtype=torch.float64).flatten()
+    y = torch.as_tensor(null, dtype=torch.float64).flatten()
+    if x.numel() == 0 or y.numel() == 0 or not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+        raise ValueError(f"trained and null must be non-empty and finite; got {x.numel()} and {y.numel()} values")
+    y = y.sort().values
+    below = torch.searchsorted(y, x, right=False).double()
+    not_above = torch.searchsorted(y, x, right=True).double()
+    return float(((below + not_above) / 2).sum() / (x.numel() * y.numel()))
+
+
+def r_squared(y: Tensor, prediction: Tensor) -> Tensor:
+    """Coefficient of determination of a prediction made without fitting: ``1 - SS_res / SS_tot`` per row.
+
+    Args:
+        y: ``[M, n]`` measured values; prediction: ``[M, n]`` (or broadcastable).
+
+    Returns:
+        float64 ``[M]``: 1 for a perfect prediction, 0 for one no better than the row mean, negative when worse.
+
+    Raises:
+        ValueError: a row of ``y`` is constant (``SS_tot = 0``) or shapes do not broadcast.
+    """
+    y = torch.as_tensor(y, dtype=torch.float64)
+    prediction = torch.as_tensor(prediction, dtype=torch.float64)
+    if y.dim() != 2:
+        raise ValueError(f"y must be [M, n]; got shape {tuple(y.shape)}")
+    ss_tot = ((y - y.mean(1, keepdim=True)) ** 2).sum(1)
+    if (ss_tot == 0).any():
+        raise ValueError("a row of y is constant: R^2 is undefined")
+    return 1 - ((y - prediction) ** 2).sum(1) / ss_tot
+
+
 # --- min-norm interpolant (chapter 6)
 #
 # Without a softmax, a position-only RoPE head's attention weight on the key at

@@ -197,3 +197,11 @@ def test_alias_vs_failure_draws_censored_heads_apart():
         plots.alias_vs_failure([1], [1, 2], ["a"], longest_tested=64, alias_search=256, title="t")
     with pytest.raises(ValueError, match="failure_length"):
         plots.alias_vs_failure([20], [2048], ["a"], longest_tested=1024, alias_search=4096, title="t")
+
+
+def test_unrotated_query_key_is_the_models_query_and_key_at_position_zero():
+    model = RetrievalHead(n_models=3)
+    q0, k0 = analysis.unrotated_query_key(model)
+    q, k = model.queries_keys(torch.zeros(1, dtype=torch.long))
+    assert q0.dtype == torch.float64
+    torch.testing.assert_close(q0.float(), q[:, 0]), torch.testing.assert_close(k0.float(), k[:, 0])

@@ -455,7 +455,7 @@ API = [
      dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed")),
     ("train_squared_loss", lambda **kw: training.train_squared_loss(models.KernelHead(8, 8), TASK, device="cpu", **kw),
      dict(steps=1, batch_size=2, lr=0.01, train_len=6, seed=0),
-     dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed")),
+     dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed_per_model")),
     ("train_sequence", lambda **kw: training.train_sequence(_transformer(), DelayedCopy(8, 2), device="cpu", **kw),
      dict(steps=1, batch_size=2, lr=0.01, train_len=6, seed=0),
      dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed")),
@@ -508,6 +508,9 @@ BAD = {
     "scalar": st.one_of(st.integers(max_value=0), st.floats(allow_nan=True), st.text(max_size=3), st.none(),
                         st.just(True)),  # an int, or one per model: a list [k] is valid for a 1-model ensemble
     "seed": st.one_of(st.integers(max_value=-1), NOT_INT),
+    # one seed per model: a list of one int is valid for a one-model ensemble, so it is not drawn as bad input
+    "seed_per_model": st.one_of(st.integers(max_value=-1), st.floats(allow_nan=True, allow_infinity=True),
+                                st.text(max_size=3), st.none(), st.just(True), st.just([-1]), st.just([1, 2])),
     "real": st.one_of(st.floats(max_value=0.0), st.just(float("nan")), st.just(float("inf")), NOT_REAL),
     "real_or_zero": st.one_of(st.floats(max_value=-1e-9), st.just(float("nan")), st.just(float("inf")), NOT_REAL),
     "lengths": st.one_of(st.just([]), st.just("16"), st.none(), st.lists(st.integers(max_value=0), min_size=1,

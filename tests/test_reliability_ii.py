@@ -189,10 +189,34 @@ for _name, _fn in [("kernel.unrotated_query_key", kernel.unrotated_query_key),
                    ("probes.query_similarity", lambda m: probes.query_similarity(m, [1, 300], 0))]:
     LOW_PRECISION_CASES.append((_name, lambda: (_model("head"),), _fn))
 
-# functions of these modules with no floating-point input (sizes, masks, closed forms built in float64)
+_SPEC = lambda: kernel.carrier_spectrum(_model("head"))  # noqa: E731
+LOW_PRECISION_CASES += [
+    ("kernel.predicted_alias_distance", lambda: (_model("head"),),
+     lambda m: kernel.predicted_alias_distance(m, 3, 16, 400)),
+    ("kernel.dilution_law_fit", lambda: (_model("head"),),
+     lambda m: list(kernel.dilution_law_fit(m, 3, 16, 256).values())),
+    ("kernel.mean_distractor_weight", lambda: (_model("head"),), lambda m: kernel.mean_distractor_weight(m, 3, 16, 400)),
+    ("kernel.spectrum_measures", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: dataclasses.astuple(kernel.spectrum_measures(kernel.CarrierSpectrum(theta, r, phi), 3, 16))),
+    ("theory.long_run_slope", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: theory.long_run_slope(r, phi, theta, 3)),
+    ("theory.orbit_log_mean_exp", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: theory.orbit_log_mean_exp(r, phi, theta)),
+    ("theory.orbit_log_stats", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: theory.orbit_log_stats(r, phi, theta)),
+    ("theory.orbit_peakiness", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: theory.orbit_peakiness(r, phi, theta)),
+    ("theory.independent_log_mean_exp", lambda: (_SPEC().r,), theory.independent_log_mean_exp),
+    ("theory.r_squared", lambda: (KERNEL_ROWS, KERNEL_ROWS + 0.1), theory.r_squared),
+    ("theory.separation_auc", lambda: (KERNEL_ROWS[0], KERNEL_ROWS[1]), theory.separation_auc),
+]
+# functions of these modules with no floating-point input (sizes, masks, closed forms built in float64), or whose
+# float input is a frequency set or a seed (built in float64 by the package, never in a model's dtype)
 NO_FLOAT_INPUT = {"attention.check_qkv", "attention.check_attention", "attention.causal_mask",
                   "kernel.relative_positions", "theory.log_length_scale", "theory.trained_relative_positions",
-                  "theory.min_norm_interpolant", "theory.squared_loss_quadratic"}
+                  "theory.min_norm_interpolant", "theory.squared_loss_quadratic", "theory.frequency_orbits",
+                  "theory.pair_recurrences", "kernel.shuffled_phases", "kernel.CarrierMeasures.as_dict",
+                  "kernel.CarrierMeasures.select", "kernel.CarrierSpectrum.select"}
 # differences of two nearly equal computations: their error is measured against the logits' scale
 LOGIT_SCALE = {"probes.shift_logit_difference", "probes.shared_offset_difference"}
 
@@ -293,6 +317,8 @@ CONFIG_EXAMPLES = {
     "configs.KernelHeadConfig": lambda: configs.KernelHeadConfig(configs.RetrievalExperiment(), (0.5, 1.0) * 4, 0.5,
                                                                  10),
     "configs.TransformerExperiment": lambda: configs.TransformerExperiment(),
+    "configs.SnapshotSweep": lambda: configs.SnapshotSweep(configs.RetrievalSweep(pes=("rope",), steps=10),
+                                                           (5, 10), (16, 32)),
     "models.RetrievalHeadConfig": lambda: models.RetrievalHeadConfig(),
     "models.TransformerConfig": lambda: models.TransformerConfig(),
     "positional.Encoding": lambda: positional.Encoding(),
@@ -307,7 +333,7 @@ CONFIG_EXAMPLES = {
     "tasks.RunningParity": lambda: tasks.RunningParity(),
     "tasks.Copy": lambda: tasks.Copy(),
 }
-NOT_CONFIGS = {"kernel.CarrierSpectrum"}  # a measurement (tensors), never built from user values nor cached
+NOT_CONFIGS = {"kernel.CarrierSpectrum", "kernel.CarrierMeasures"}  # measurements (tensors), never built from user values nor cached
 
 
 def _list_inputs():
@@ -395,6 +421,15 @@ PER_MODEL = [
      lambda v: evaluation.target_attention_mass(_head(), v, [8, 12]), [1, 2, 3]),
     ("kernel.carrier_alignment", "offset", lambda v: kernel.carrier_alignment(_head(), v, train_len=8), [1, 2, 3]),
     ("kernel.first_alias_distance", "offset", lambda v: kernel.first_alias_distance(_head(), v, 8, 64), [1, 2, 3]),
+    ("kernel.predicted_alias_distance", "offset",
+     lambda v: kernel.predicted_alias_distance(_head(), v, 8, 64), [1, 2, 3]),
+    ("kernel.dilution_law_fit", "offset", lambda v: kernel.dilution_law_fit(_head(), v, 8, 64), [1, 2, 3]),
+    ("kernel.mean_distractor_weight", "offset", lambda v: kernel.mean_distractor_weight(_head(), v, 8, 64), [1, 2, 3]),
+    ("kernel.spectrum_measures", "offset",
+     lambda v: kernel.spectrum_measures(kernel.carrier_spectrum(_head()), v, 8), [1, 2, 3]),
+    ("theory.long_run_slope", "offset",
+     lambda v: (lambda sp: theory.long_run_slope(sp.r, sp.phi, sp.theta, v))(kernel.carrier_spectrum(_head())),
+     [1, 2, 3]),
     ("theory.exact_target_mass", "offset", lambda v: theory.exact_target_mass(KERNEL, v, [8, 24]), [1, 2, 3]),
     ("theory.mean_field_parameters", "offset", lambda v: theory.mean_field_parameters(KERNEL, v, 8), [1, 2, 3]),
     ("theory.distractor_ratio", "offset", lambda v: theory.distractor_ratio(KERNEL, v), [1, 2, 3]),
@@ -473,18 +508,21 @@ ONE_VALUE = {
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",
                "widgets.RetrievalExplorer"},  # one experiment, task, closed form or control: one offset
-    "seed": {"evaluation.accuracy_by_length", "evaluation.squared_error_by_length",
-             "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
-             "probes.head_offset_profiles", "training.train", "training.train_sequence"},  # one shared data stream
-    "seeds": {"runners.OffsetSweepResult"},  # a result's record, filled by the runner
+    "seeds": {"runners.OffsetSweepResult", "runners.SnapshotResult"},  # a result's record, filled by the runner
     "task": {"configs.TransformerExperiment", "tasks.shared_task"},  # one experiment / the check itself: one task
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "tasks.Task.targets",
                "tasks.batch_targets", "tasks.query_targets"},  # [B, L] shared by every model
     "weights": {"kernel.participation_ratio"},  # any non-negative weights, no model dimension assumed
-    "labels": {"plots.alias_vs_failure", "plots.dilution_slider"},  # define M: the others are checked against them
+    # a null's seed (one random stream for every draw), per-head labels and margins of figures whose length
+    # defines M, and a result's record filled by the runner
+    "seed": {"evaluation.accuracy_by_length", "evaluation.squared_error_by_length",
+             "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
+             "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases"},
+    "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap",
+               "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel
     "mean_field": {"plots.dilution_panel"}, "alias_distance": set(),
-    "failure_length": set(), "margin": set(), "rho": set(), "p_star": set(),
+    "failure_length": set(), "margin": {"plots.r2_vs_margin"}, "rho": set(), "p_star": set(),
 }
 
 
