@@ -131,10 +131,11 @@ def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: i
     tasks = as_task_list(task, model.n_models)
     gen = torch.Generator().manual_seed(seed)
     out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
-    for col, seq_len in enumerate(lengths):
-        tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
-        outputs, _ = model(tokens)
-        out[:, col] = ensemble_squared_error(outputs.double(), query_targets(tasks, tokens)).cpu()
+    with _threads(model, None):
+        for col, seq_len in enumerate(lengths):
+            tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
+            outputs, _ = model(tokens)
+            out[:, col] = ensemble_squared_error(outputs.double(), query_targets(tasks, tokens)).cpu()
     return out
 
 
