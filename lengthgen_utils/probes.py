@@ -79,7 +79,8 @@ def position_attention(model, seq_len: int) -> Tensor:
     """Causal attention of a query at every position ``m`` over the keys ``n <= m``.
 
     Args:
-        model: a ``RetrievalHead`` ensemble (its own normaliser: softmax or linear).
+        model: a ``RetrievalHead`` ensemble (its own normaliser, any of
+            :data:`~lengthgen_utils.attention.ROW_WEIGHTS`, applied to each query's causal row).
         seq_len: L >= 1.
 
     Returns:
@@ -87,10 +88,10 @@ def position_attention(model, seq_len: int) -> Tensor:
         Row ``L-1`` is ``model.attention_row(L)``.
     """
     s = position_logits(model, seq_len)
-    causal = causal_mask(seq_len, s.device)
-    if model.config.attention == "softmax":
-        return row_weights(s.masked_fill(~causal, float("-inf")), "softmax")
-    return row_weights(s, model.config.attention).masked_fill(~causal, 0.0)
+    out = torch.zeros_like(s)
+    for m in range(seq_len):  # query m sees keys 0..m: a normaliser may depend on how many (linear_mean)
+        out[:, m, : m + 1] = row_weights(s[:, m, : m + 1], model.config.attention)
+    return out
 
 
 @torch.no_grad()
