@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ._validate import check_int, per_model_ints
-from .positional import RoPE, check_relative_positions, rope_inverse_frequencies, rope_kernel_coefficients
+from .positional import RoPE, check_relative_positions, rope_kernel_coefficients
 
 
 def relative_positions(n: int) -> Tensor:
@@ -102,7 +102,7 @@ def carrier_spectrum(model) -> CarrierSpectrum:
     else:
         zq, zk = torch.complex(q0[:, :half], q0[:, half:]), torch.complex(k0[:, :half], k0[:, half:])
     w = zq * zk.conj() / math.sqrt(d_head)
-    theta = rope_inverse_frequencies(d_head, encoding.base)
+    theta = encoding.frequencies(d_head, 1)  # RoPE's, or a subclass's own set
     return CarrierSpectrum(theta=theta, r=w.abs().cpu(), phi=w.angle().cpu())
 
 
@@ -298,3 +298,40 @@ def first_alias_distance(model, offset, train_len: int, max_distance: int, toler
         idx = torch.nonzero(row)
         out.append(int(distances[idx[0, 0]]) if idx.numel() else None)
     return out
+
+
+def selection_margins(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, Tensor]:
+    """How far a kernel's target stands above the other offsets, inside and beyond the training window.
+
+    For a kernel in the row layout (column ``j`` holds ``s(D = j - (n-1))``):
+
+    * ``inside = s(-k) - max_{1 <= d < train_len, d != k} s(-d)``: the margin training could see;
+    * ``beyond = max_{train_len <= d < n} s(-d) - s(-k)``: how far the best offset training never saw
+      rises above the target (> 0: a key beyond the window outscores the target).
+
+    The query itself (``d = 0``) is excluded: its value is the query token, never a target.
+
+    Args:
+        kernel: ``[M, n]`` logits (nats), ``n > train_len``.
+        offset: the target offset ``k`` (one int, or one per model), ``k <= train_len - 2``.
+        train_len: the training length.
+
+    Returns:
+        ``(inside [M], beyond [M])`` float64 (nats).
+
+    Raises:
+        ValueError / TypeError: a kernel that is not ``[M, n]`` with ``n > train_len``; bad offsets.
+
+    Source: chapter 6 (what softmax's normaliser makes training do).
+    """
+    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    m, n = kernel.shape
+    train_len = check_int("train_len", train_len, minimum=3, maximum=n - 1)
+    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=train_len - 2))
+    by_distance = kernel.detach().double().cpu().flip(1)  # column d holds s(-d)
+    rows = torch.arange(m)
+    target = by_distance[rows, ks]
+    window = by_distance[:, 1:train_len].clone()
+    window[rows, ks - 1] = -math.inf
+    return target - window.max(1).values, by_distance[:, train_len:].max(1).values - target
