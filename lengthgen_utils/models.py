@@ -289,6 +289,22 @@ class RetrievalHead(EnsembleModel):
         return copy
 
 
+    def with_attention(self, attention: str) -> "RetrievalHead":
+        """A copy with the same weights whose attention row uses another normaliser (chapter 6's test-time swap).
+
+        Args:
+            attention: a key of :data:`~lengthgen_utils.attention.ROW_WEIGHTS`.
+
+        Raises:
+            ValueError: an unknown normaliser.
+        """
+        cfg = self.config
+        copy = RetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, check_attention(attention), cfg.max_len,
+                             n_models=self.n_models, seeds=self.seeds).to(self.device)
+        copy.load_state_dict(self.state_dict())
+        return copy.eval() if not self.training else copy
+
+
 # ---------------------------------------------------------------- the direct kernel head (chapter 6)
 class KernelHead(Ensemble):
     """A directly parameterised RoPE offset kernel with linear attention and one-hot values (chapter 6).

@@ -412,7 +412,8 @@ _LEGEND_BELOW = dict(height=FIGURE_HEIGHT + 140, margin=dict(l=70, r=30, t=100, 
                      legend=dict(orientation="h", x=0.0, xanchor="left", y=-0.2, yanchor="top"))
 
 def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
-                   y_title: str = "attention weight s(D), scaled so that s(-k) = 1") -> go.Figure:
+                   y_title: str = "attention weight s(D), scaled so that s(-k) = 1",
+                   colors: dict | None = None) -> go.Figure:
     """Offset kernels ``s(D)`` against the offset, with the training window shaded.
 
     Args:
@@ -421,6 +422,8 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         train_len: the training offsets ``-(train_len-1) .. -1`` are shaded.
         target_offset: k; a dotted vertical line marks ``D = -k``.
         title: figure title.
+        y_title: the y axis title (say what is plotted, with units).
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure`` (x: offset D in tokens, key minus query).
@@ -437,7 +440,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         values = np.atleast_2d(np.asarray(values, dtype=float))
         if values.shape[1] != len(offsets):
             raise ValueError(f"values for {name!r} must have {len(offsets)} columns; got {values.shape}")
-        color = palette[i % len(palette)]
+        color = (colors or {}).get(name, palette[i % len(palette)])
         if values.shape[0] > 1:
             fig.add_trace(go.Scatter(x=np.concatenate([offsets, offsets[::-1]]),
                                      y=np.concatenate([values.max(0), values.min(0)[::-1]]), mode="lines",
@@ -457,13 +460,15 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
 
 
 def predicted_vs_measured(curves: dict, train_len: int, title: str,
-                          y_title: str = "mean squared error ||o - e(y)||^2 (log scale)") -> go.Figure:
+                          y_title: str = "mean squared error ||o - e(y)||^2 (log scale)",
+                          colors: dict | None = None) -> go.Figure:
     """A closed-form prediction (line) against measurements (markers: mean, error bars: min..max over seeds).
 
     Args:
         curves: ``{name: (lengths [n], predicted [n], measured [n_seeds, n])}``.
         train_len: drawn as a vertical line.
         title: figure title.
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure`` with log axes (x: sequence length in tokens).
@@ -478,7 +483,7 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
         measured = np.atleast_2d(np.asarray(measured, dtype=float))
         if predicted.shape != lengths.shape or measured.shape[1] != len(lengths):
             raise ValueError(f"{name!r}: predicted must be [{len(lengths)}] and measured [n_seeds, {len(lengths)}]")
-        color = palette[i % len(palette)]
+        color = (colors or {}).get(name, palette[i % len(palette)])
         mean = measured.mean(0)
         fig.add_trace(go.Scatter(x=lengths, y=predicted, mode="lines", name=f"{name}: predicted",
                                  line=dict(color=color, width=2)))
@@ -944,4 +949,36 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
     fig.update_layout(title=title)
     fig.update_xaxes(title="absolute position t (row of the APE table)")
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear", exponentformat="power" if log_y else None)
+    return fig
+
+
+# --- chapter 6: reference curves beside trained ensembles
+def add_reference_curves(fig: go.Figure, curves: dict, colors: dict | None = None) -> go.Figure:
+    """Add single curves (closed forms, not ensembles) to a figure made by :func:`accuracy_vs_length`.
+
+    A reference curve is one computed value per length (e.g. the accuracy of the min-norm interpolant
+    itself), so it is drawn dashed, without a band and without counting as seeds in the title.
+
+    Args:
+        fig: a figure from :func:`accuracy_vs_length` (its x axis is ``log2(L)``).
+        curves: ``{name: (lengths [n], values [n])}``.
+        colors: optional ``{name: colour}``.
+
+    Returns:
+        ``fig``, with one dashed line per curve.
+
+    Raises:
+        ValueError: ``curves`` is empty or a curve's values do not match its lengths.
+    """
+    if not curves:
+        raise ValueError("curves must name at least one curve")
+    for i, (name, (lengths, values)) in enumerate(curves.items()):
+        lengths = np.asarray(lengths)
+        values = np.asarray(values, dtype=float)
+        if values.shape != lengths.shape:
+            raise ValueError(f"values for {name!r} must have shape {lengths.shape}; got {values.shape}")
+        color = (colors or {}).get(name, PALETTE[(i + 5) % len(PALETTE)])
+        fig.add_trace(go.Scatter(x=np.log2(lengths), y=values, mode="lines+markers", name=str(name),
+                                 line=dict(color=color, width=2, dash="dash"), marker=dict(symbol="diamond"),
+                                 customdata=lengths, hovertemplate="L=%{customdata:d}: %{y:.3f}<extra></extra>"))
     return fig

@@ -251,6 +251,7 @@ class KernelResult:
     squared_error: torch.Tensor  # [n_seeds, len(lengths)] measured
     predicted_squared_error: torch.Tensor  # [len(lengths)] from c_gd, exact expectation
     hessian_eigenvalues: torch.Tensor  # [d_head]
+    min_norm_accuracy: torch.Tensor  # [len(lengths)] accuracy of c* itself (float64), on the same sequences
 
 
 def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=None,
@@ -272,7 +273,8 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
         device: where to train (default :func:`~lengthgen_utils.training.default_device`).
 
     Returns:
-        a :class:`KernelResult`.
+        a :class:`KernelResult`; its ``min_norm_accuracy`` is the accuracy of ``c*`` itself, evaluated
+        in float64 on the same sequences as the trained models.
 
     Raises:
         ValueError: ``exp.fixed_length`` or ``exp.min_train_len`` is set (the closed forms assume
@@ -309,8 +311,12 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
         expected_squared_error(c_gd @ rope_kernel_features(torch.arange(L) - (L - 1), exp.d_head, frequencies=theta).T,
                                exp.offset, exp.vocab_size)
         for L in lengths])
+    min_norm = KernelHead(exp.vocab_size, exp.d_head, frequencies=theta).double()  # float64: c* may be huge
+    with torch.no_grad():
+        min_norm.c.copy_(c_star[None])
+    min_norm_accuracy = accuracy_by_length(min_norm, exp.task, lengths, n_samples=exp.eval_samples)[0]
     return KernelResult(name, theta, lr, steps, payload["c"], c_gd, c_star, payload["loss_history"], lengths,
-                        payload["accuracy"], payload["squared_error"], predicted, eig)
+                        payload["accuracy"], payload["squared_error"], predicted, eig, min_norm_accuracy)
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)
