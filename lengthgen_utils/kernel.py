@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validate import check_int, per_model_ints
-from .positional import RoPE, check_relative_positions, rope_kernel_coefficients
+from ._validate import check_int, check_positive_float, per_model_ints
+from .positional import RoPE, check_relative_positions, rope_kernel_coefficients, rope_kernel_features
 
 
 def relative_positions(n: int) -> Tensor:
@@ -335,3 +335,192 @@ def selection_margins(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, T
     window = by_distance[:, 1:train_len].clone()
     window[rows, ks - 1] = -math.inf
     return target - window.max(1).values, by_distance[:, train_len:].max(1).values - target
+
+
+# ---------------------------------------------------------------- a carrier fitted to a measured profile (chapter 7)
+#
+# The measures above read the carrier of a position-only head off its weights. A head of a full
+# transformer has no such closed form in general, but its attention logit averaged over content is
+# still a function of the offset alone under RoPE (chapter 2): fit the carrier form to it and apply
+# the same measures to the fitted spectrum.
+
+@dataclass(frozen=True)
+class CarrierFit:
+    """A carrier ``s(D) = sum_i r_i cos(theta_i D - phi_i)`` least-squares fitted to measured profiles.
+
+    Attributes:
+        spectrum: the fitted :class:`CarrierSpectrum` (``r``, ``phi``: ``[N, P]`` for N profiles).
+        window: the relative positions ``D`` the fit used, long ``[W]``.
+        r2: float64 ``[N]``, the fraction of each profile's variance over the window that the fit explains.
+    """
+
+    spectrum: CarrierSpectrum
+    window: Tensor
+    r2: Tensor
+
+
+def fit_carrier(profile: Tensor, window, theta, rcond: float = 1e-3) -> CarrierFit:
+    """Least-squares fit of the carrier form ``sum_i r_i cos(theta_i D - phi_i)`` to offset profiles.
+
+    Writing ``r_i cos(theta_i D - phi_i) = a_i cos(theta_i D) + b_i sin(theta_i D)`` makes the fit
+    linear in ``c = (a, b)``: ``c = pinv(Phi_W) s_W`` over the window ``W`` of relative positions
+    (the minimum-norm least-squares solution, so frequencies that barely turn over the window and
+    cannot be told apart share their part rather than cancel with huge amplitudes). Then
+    ``r_i = |a_i + 1j b_i|`` and ``phi_i = arg(a_i + 1j b_i)``, the convention of
+    :func:`carrier_spectrum`, so :func:`spectrum_alignment` and the other measures read it the same way.
+
+    Args:
+        profile: float ``[N, W]``: column ``w`` holds the profile at ``window[w]`` (e.g. a head's mean
+            attention logit at each offset, from :func:`~lengthgen_utils.probes.head_offset_profiles`).
+        window: the ``W`` integer relative positions ``D`` of the columns (distinct).
+        theta: ``[P]`` frequencies in rad/token (e.g. ``RoPE().frequencies(d_head, L)``).
+        rcond: singular values of ``Phi_W`` below ``rcond * sigma_max`` are dropped. With RoPE's
+            frequencies (base ``10^4``, ``d_head = 16``) on the 31 offsets of a length-32 window, the
+            default keeps 8 of the 16 directions (singular values 12.9 down to 0.066); the next ones
+            (0.002, 2e-5, ...) would let a fit to noise reach amplitudes of ``10^6``.
+
+    Returns:
+        :class:`CarrierFit`.
+
+    Raises:
+        ValueError / TypeError: shapes that do not match, repeated or non-integer positions, a
+            non-finite profile, a profile constant over the window. (A window shorter than ``2 P``
+            is allowed: the fit is then the minimum-norm one among exact fits.)
+
+    Source: the carrier form of chapter 4 (RoFormer's eq. (34) read as a function of the offset).
+    """
+    window = check_relative_positions("window", window)
+    if window.unique().numel() != window.numel():
+        raise ValueError(f"window must hold distinct relative positions; got {window.tolist()}")
+    theta = torch.as_tensor(theta, dtype=torch.float64).flatten()
+    if theta.numel() < 1 or not torch.isfinite(theta).all():
+        raise ValueError(f"theta must be a non-empty tensor of finite frequencies; got {theta!r}")
+    if not isinstance(profile, Tensor) or profile.dim() != 2 or profile.shape[1] != window.numel():
+        raise ValueError(f"profile must be a tensor [N, W = {window.numel()}] (one column per window position); "
+                         f"got {tuple(getattr(profile, 'shape', ()))}")
+    y = profile.detach().double().cpu()
+    if not torch.isfinite(y).all():
+        raise ValueError("profile must be finite over the window (a NaN marks an offset it did not average)")
+    variance = ((y - y.mean(1, keepdim=True)) ** 2).sum(1)
+    if (variance == 0).any():
+        raise ValueError("a profile is constant over the window: its carrier fit is undefined")
+    phi = rope_kernel_features(window, 2 * theta.numel(), frequencies=theta)  # [W, 2P]
+    c = y @ torch.linalg.pinv(phi, rtol=check_positive_float("rcond", rcond)).T  # [N, 2P]
+    residual = ((y - c @ phi.T) ** 2).sum(1)
+    p = theta.numel()
+    z = torch.complex(c[:, :p], c[:, p:])
+    return CarrierFit(CarrierSpectrum(theta=theta, r=z.abs(), phi=z.angle()), window, 1 - residual / variance)
+
+
+def spectrum_components(spectrum: CarrierSpectrum, relative) -> Tensor:
+    """Each pair's term ``r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, P, n]``."""
+    rel = check_relative_positions("relative", relative).double()
+    angle = spectrum.theta[None, :, None] * rel[None, None, :] - spectrum.phi[:, :, None]
+    return spectrum.r[:, :, None] * torch.cos(angle)
+
+
+def spectrum_kernel(spectrum: CarrierSpectrum, relative) -> Tensor:
+    """The carrier ``s(D) = sum_i r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, n]``."""
+    return spectrum_components(spectrum, relative).sum(1)
+
+
+def spectrum_variation(spectrum: CarrierSpectrum, window) -> Tensor:
+    """Each pair's variation over ``window`` (population std of its term): float64 ``[N, P]``.
+
+    The spectrum form of :func:`variation_weights` (which takes a trained head and its training window).
+    """
+    return spectrum_components(spectrum, window).std(-1, unbiased=False)
+
+
+def spectrum_alignment(spectrum: CarrierSpectrum, offset, weights: Tensor | None = None) -> Tensor:
+    """Alignment ``C = sum_i w_i cos(phi_i + theta_i k) / sum_i w_i`` of a spectrum with the offset ``k``.
+
+    The spectrum form of :func:`carrier_alignment`: ``weights=None`` weights by the amplitudes ``r_i``;
+    pass :func:`spectrum_variation` to weight by each pair's variation over a window.
+
+    Args:
+        spectrum: ``N`` carriers.
+        offset: the target offset ``k >= 1`` (one int, or one per carrier).
+        weights: ``None`` or non-negative ``[N, P]``.
+
+    Returns:
+        float64 ``[N]`` in [-1, 1] (1: every weighted pair peaks at ``D = -k``).
+    """
+    n = spectrum.r.shape[0]
+    k = torch.tensor(per_model_ints("offset", offset, n, minimum=1), dtype=torch.float64)
+    w = spectrum.r if weights is None else torch.as_tensor(weights, dtype=torch.float64)
+    if w.shape != spectrum.r.shape or (w < 0).any():
+        raise ValueError(f"weights must be non-negative [N, P] = {tuple(spectrum.r.shape)}; got {tuple(w.shape)}")
+    cos = torch.cos(spectrum.phi + spectrum.theta[None, :] * k[:, None])
+    return (w * cos).sum(1) / w.sum(1)
+
+
+def spectrum_reconstruction(spectrum: CarrierSpectrum, window, rank: int) -> Tensor:
+    """Fraction of the carrier's variance over ``window`` kept by its top-``rank`` pairs (by variation).
+
+    The spectrum form of :func:`kernel_reconstruction`: the other pairs are replaced by their mean
+    over the window. Returns float64 ``[N]``, at most 1.
+    """
+    rank = check_int("rank", rank, minimum=0, maximum=spectrum.r.shape[1])
+    comps = spectrum_components(spectrum, window)
+    order = comps.std(-1, unbiased=False).argsort(1, descending=True)
+    keep = torch.zeros(comps.shape[:2], dtype=torch.bool)
+    keep.scatter_(1, order[:, :rank], True)
+    approx = torch.where(keep[..., None], comps, comps.mean(-1, keepdim=True)).sum(1)
+    s = comps.sum(1)
+    return 1 - ((s - approx) ** 2).sum(-1) / ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
+
+
+def fitted_carrier_measures(fit: CarrierFit, offset) -> dict:
+    """Chapter 4's carrier measures of fitted carriers, over the window the fit used.
+
+    Args:
+        fit: a :class:`CarrierFit` of ``N`` profiles.
+        offset: the target offset ``k`` (one int, or one per profile).
+
+    Returns:
+        ``{name: float64 [N]}`` with ``"C raw"`` (alignment weighted by amplitude), ``"C variation"``
+        (weighted by each pair's variation over the window), ``"PR amplitude"``, ``"PR variation"``
+        (participation ratios: effective number of pairs) and ``"top-2 kept"`` (share of the window
+        variance kept by the two pairs of largest variation); the same definitions as
+        :func:`carrier_alignment`, :func:`participation_ratio` and :func:`kernel_reconstruction`.
+    """
+    spec = fit.spectrum
+    variation = spectrum_variation(spec, fit.window)
+    return {"C raw": spectrum_alignment(spec, offset), "C variation": spectrum_alignment(spec, offset, variation),
+            "PR amplitude": participation_ratio(spec.r), "PR variation": participation_ratio(variation),
+            "top-2 kept": spectrum_reconstruction(spec, fit.window, 2)}
+
+
+def kernel_first_alias(kernel: Tensor, offset, min_distance: int, tolerance: float = 1.0) -> list:
+    """The nearest distance ``d >= min_distance`` at which a kernel comes back near its value at ``-k``.
+
+    The criterion of :func:`first_alias_distance` (``s(-d) >= s(-k) - tolerance``: a key that gets at
+    least ``exp(-tolerance)`` of the target's weight) applied to any kernel in the row layout, e.g.
+    a transformer head's mean attention logit measured on long sequences (chapter 7).
+
+    Args:
+        kernel: ``[M, n]`` logits (nats) in the row layout; non-finite columns (offsets a probe did not
+            average) are skipped.
+        offset: the target offset ``k`` (one int, or one per row).
+        min_distance: the first distance searched (``> k``).
+        tolerance: nats below the target logit that still count (>= 0).
+
+    Returns:
+        one int or ``None`` (no alias up to ``n - 1``) per row.
+
+    Source: chapter 4 (aliases of the offset kernel); Barbero et al. 2025.
+    """
+    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    m, n = kernel.shape
+    ks = per_model_ints("offset", offset, m, minimum=1, maximum=n - 1)
+    min_distance = check_int("min_distance", min_distance, minimum=max(ks) + 1, maximum=n - 1)
+    tolerance = check_positive_float("tolerance", tolerance, allow_zero=True)
+    by_distance = kernel.detach().double().cpu().flip(1)
+    out = []
+    for i, k in enumerate(ks):
+        row = by_distance[i]
+        hits = torch.nonzero(row[min_distance:] >= row[k] - tolerance)  # NaN compares False
+        out.append(int(hits[0, 0]) + min_distance if hits.numel() else None)
+    return out

@@ -13,11 +13,12 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence
-from .attention import attention_scores, causal_mask, row_weights
+from ._validate import check_int, check_int_sequence, per_model_ints
+from .attention import attention_scores, row_weights
+from .kernel import CarrierFit, fit_carrier
 from .positional import RoPE, rope_angles
 from .tasks import as_task_list, query_targets
-from .training import ensemble_cross_entropy
+from .training import cpu_threads, default_cpu_threads, ensemble_cross_entropy
 
 
 # ---------------------------------------------------------------- equivariance (chapter 2)
@@ -348,3 +349,66 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
             logit[:, layer, :, d] = s[..., queries, keys].double().mean((1, 3)).cpu()
             weight[:, layer, :, d] = w[..., queries, keys].double().mean((1, 3)).cpu()
     return logit, weight
+
+
+def copying_heads(weight: Tensor, offset) -> Tensor:
+    """The head of each model that puts the most mean attention weight at the task's offset.
+
+    Args:
+        weight: ``[M, n_layers, n_heads, n]`` mean attention weight by distance (index ``d``), e.g.
+            from :func:`head_offset_profiles`.
+        offset: the distance ``k`` (one int, or one per model).
+
+    Returns:
+        long ``[M]``: the flat head index ``layer * n_heads + head`` of each model.
+    """
+    if not isinstance(weight, Tensor) or weight.dim() != 4:
+        raise ValueError(f"weight must be a tensor [M, n_layers, n_heads, n]; got {getattr(weight, 'shape', weight)!r}")
+    m = weight.shape[0]
+    ks = per_model_ints("offset", offset, m, minimum=0, maximum=weight.shape[-1] - 1)
+    at_k = torch.stack([weight[i, :, :, k] for i, k in enumerate(ks)])  # [M, n_layers, n_heads]
+    return torch.nan_to_num(at_k.flatten(1), nan=-1.0).argmax(1)
+
+
+def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 999,
+                  rcond: float = 1e-3) -> tuple[CarrierFit, Tensor, Tensor]:
+    """Fit the carrier form to every head's content-averaged attention logit over the training window.
+
+    Each head's mean logit at distance ``d`` (:func:`head_offset_profiles` on sequences of length
+    ``2 train_len``, averaged over the last ``train_len`` queries and over content) is fitted with
+    ``sum_i r_i cos(theta_i D - phi_i)``, ``D = -d`` for ``d = 1 .. train_len - 1`` (the query's own
+    key, whose token is the query's, is left out), by
+    :func:`~lengthgen_utils.kernel.fit_carrier` with the encoding's frequencies. Under RoPE the mean
+    logit of a layer-1 head is exactly of this form (its query and key see independent tokens at
+    ``d >= 1``); deeper heads need not be, and the fit's ``r2`` says how close they come.
+
+    Args:
+        model: a RoPE :class:`~lengthgen_utils.models.Transformer` ensemble (M models).
+        task: the task whose sequences are fed.
+        train_len: the training length (the window).
+        n_samples, seed: probe sequences.
+        rcond: passed to :func:`~lengthgen_utils.kernel.fit_carrier`; combinations of frequency pairs
+            that barely turn over the window (singular values below ``rcond`` of the largest) are left out.
+
+    Returns:
+        ``(fit, logit, weight)``: the :class:`~lengthgen_utils.kernel.CarrierFit` of
+        ``N = M * n_layers * n_heads`` profiles in the order ``(model, layer, head)``, and the mean
+        logit and weight ``[M, n_layers, n_heads, train_len + 1]`` by distance ``d = 0 .. train_len``.
+
+    Raises:
+        ValueError: the model's encoding is not RoPE (its logits are not a function of the offset).
+
+    Source: chapter 7; the carrier form of chapter 4.
+    """
+    encoding = model.encoding
+    if not isinstance(encoding, RoPE):
+        raise ValueError(f"head_carriers fits a RoPE transformer's heads; this model's encoding is {encoding!r}")
+    train_len = check_int("train_len", train_len, minimum=3)
+    with cpu_threads(default_cpu_threads() if model.device.type == "cpu" else None):
+        logit, weight = head_offset_profiles(model, task, 2 * train_len, n_samples=n_samples, seed=seed,
+                                             min_query=train_len)
+    d_head = model.config.d_head
+    window = -torch.arange(1, train_len)
+    profiles = logit[..., 1:train_len].reshape(-1, train_len - 1)
+    fit = fit_carrier(profiles, window, encoding.frequencies(d_head, 2 * train_len), rcond=rcond)
+    return fit, logit[..., : train_len + 1], weight[..., : train_len + 1]
