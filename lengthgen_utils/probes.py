@@ -188,8 +188,11 @@ def shift_invariance(model, tokens: Tensor, shifts=(1, 1000, 100000)) -> dict:
         out = model(tokens, position_shift=shift)
         return out[0] if isinstance(out, tuple) else out
 
-    base = logits(0)
-    return {shift: float((logits(shift) - base).abs().max()) for shift in check_int_sequence("shifts", shifts)}
+    shifts = check_int_sequence("shifts", shifts)
+    device = getattr(model, "device", torch.device("cpu"))
+    with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
+        base = logits(0)
+        return {shift: float((logits(shift) - base).abs().max()) for shift in shifts}
 
 
 # ---------------------------------------------------------------- pinning (chapter 3)
@@ -338,17 +341,22 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
     min_query = seq_len // 2 if min_query is None else check_int("min_query", min_query, 0, seq_len - 1)
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             torch.Generator().manual_seed(seed), device=model.device)
-    scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
-    queries = torch.arange(min_query, seq_len)
-    logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
-    weight = logit.clone()
-    for layer, s in enumerate(scores):
-        w = s.softmax(-1)
-        for d in range(min_query + 1):
-            keys = queries - d
-            logit[:, layer, :, d] = s[..., queries, keys].double().mean((1, 3)).cpu()
-            weight[:, layer, :, d] = w[..., queries, keys].double().mean((1, 3)).cpu()
+    with _cpu_threads_for(model):
+        scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
+        queries = torch.arange(min_query, seq_len, device=model.device)[:, None]  # [Q, 1]
+        keys = queries - torch.arange(min_query + 1, device=model.device)  # [Q, d]: key of query q at distance d
+        logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
+        weight = logit.clone()
+        for layer, s in enumerate(scores):
+            w = s.softmax(-1)
+            logit[:, layer, :, : min_query + 1] = s[..., queries, keys].double().mean((1, 3)).cpu()  # [M, H, d]
+            weight[:, layer, :, : min_query + 1] = w[..., queries, keys].double().mean((1, 3)).cpu()
     return logit, weight
+
+
+def _cpu_threads_for(model):
+    """One intra-op thread for a model on the CPU (as training and evaluation use), else no change."""
+    return cpu_threads(default_cpu_threads() if model.device.type == "cpu" else None)
 
 
 def copying_heads(weight: Tensor, offset) -> Tensor:
@@ -404,9 +412,8 @@ def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 
     if not isinstance(encoding, RoPE):
         raise ValueError(f"head_carriers fits a RoPE transformer's heads; this model's encoding is {encoding!r}")
     train_len = check_int("train_len", train_len, minimum=3)
-    with cpu_threads(default_cpu_threads() if model.device.type == "cpu" else None):
-        logit, weight = head_offset_profiles(model, task, 2 * train_len, n_samples=n_samples, seed=seed,
-                                             min_query=train_len)
+    logit, weight = head_offset_profiles(model, task, 2 * train_len, n_samples=n_samples, seed=seed,
+                                         min_query=train_len)
     d_head = model.config.d_head
     window = -torch.arange(1, train_len)
     profiles = logit[..., 1:train_len].reshape(-1, train_len - 1)
