@@ -193,12 +193,13 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
     return fig
 
 
-def loss_curves(histories: dict, title: str) -> go.Figure:
+def loss_curves(histories: dict, title: str, colors: dict | None = None) -> go.Figure:
     """Training loss per step, mean over the ensemble with a min..max band.
 
     Args:
         histories: ``{name: loss [steps, n_models]}`` (the return value of ``training.train``).
         title: figure title.
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure`` with a log loss axis.
@@ -207,7 +208,7 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
     for i, (name, hist) in enumerate(histories.items()):
         hist = np.asarray(hist, dtype=float)
         steps = np.arange(1, hist.shape[0] + 1)
-        color = _color(name, i)
+        color = (colors or {}).get(name, _color(name, i))
         fig.add_trace(go.Scatter(x=np.concatenate([steps, steps[::-1]]),
                                  y=np.concatenate([hist.max(1), hist.min(1)[::-1]]), mode="lines", fill="toself",
                                  fillcolor=_rgba(color, 0.18), line=dict(width=0), hoverinfo="skip",
@@ -503,7 +504,8 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
 
 
 # --- transformer (chapter 7)
-def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str) -> go.Figure:
+def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str,
+                         colors: dict | None = None) -> go.Figure:
     """Token accuracy at each position of a long sequence, mean over seeds with a min..max band.
 
     Args:
@@ -511,6 +513,7 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
         chance: chance accuracy (dotted line).
         train_len: training length (dashed line: positions to its right were never trained).
         title: figure title.
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure``; below-chance means are flagged and fewer than 5 seeds noted, as in
@@ -533,7 +536,7 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
         # flag on the mean over all scored positions: a single position's mean over a few
         # sequences dips below chance by sampling noise alone
         means[name], n_seeds = [acc.mean()], n_seeds + [acc.shape[0]]
-        color = _color(name, i)
+        color = (colors or {}).get(name, _color(name, i))
         fig.add_trace(go.Scatter(x=np.concatenate([pos, pos[::-1]]), y=np.concatenate([acc.max(0), acc.min(0)[::-1]]),
                                  mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
                                  hoverinfo="skip", showlegend=False))
