@@ -4,8 +4,9 @@ Every model of the book forms its attention here:
 
 * :func:`attention_scores`: ``q k^T / sqrt(d_head)``, the scale applied *before* the product and
   low-precision inputs computed in float32, so float16 never overflows on its way to a logit;
-* :func:`row_weights`: the single head's choice of normaliser (``softmax``, or ``linear``: the
-  raw scores, chapter 6's control), from the registry :data:`ROW_WEIGHTS`;
+* :func:`row_weights`: the single head's choice of normaliser (``softmax``; ``linear``, the raw
+  scores of chapter 6's control; and chapter 6's ablations of softmax's parts), from the registry
+  :data:`ROW_WEIGHTS`;
 * :func:`masked_attention` / :func:`causal_attention`: softmax attention under a mask, with an
   optional additive score bias (ALiBi and other relative biases act there);
 * :func:`linear_attention`: causal linear attention in O(L).
@@ -83,11 +84,48 @@ def _linear(scores: Tensor) -> Tensor:
     return scores
 
 
+def _linear_mean(scores: Tensor) -> Tensor:
+    return scores / scores.shape[-1]
+
+
+SUM_TOLERANCE = 1e-6
+""":func:`row_weights` refuses ``linear_sum`` when ``|sum_i s_i|`` is below this fraction of ``sum_i |s_i|``."""
+
+
+def _linear_sum(scores: Tensor) -> Tensor:
+    s = scores.to(_compute_dtype(scores.dtype))
+    total = s.sum(-1, keepdim=True)
+    if not bool((total.abs() > SUM_TOLERANCE * s.abs().sum(-1, keepdim=True)).all()):
+        raise ValueError("attention 'linear_sum' divides by the sum of the logits, which vanishes for some row "
+                         f"(|sum s| <= {SUM_TOLERANCE:g} * sum |s|): its weights would be inf or NaN. Use 'linear_mean' "
+                         "(divide by the length) or a positive score map ('exp', 'softmax')")
+    return (s / total).to(scores.dtype)
+
+
+EXP_MAX_LOGIT = 80.0
+""":func:`row_weights` refuses ``exp`` above this logit: ``exp(88.7)`` already overflows float32."""
+
+
+def _exp(scores: Tensor) -> Tensor:
+    s = scores.to(_compute_dtype(scores.dtype))
+    if not bool((s <= EXP_MAX_LOGIT).all()):
+        raise ValueError(f"attention 'exp' (un-normalised exp(s_j)) got a logit {float(s.max()):.1f} > "
+                         f"{EXP_MAX_LOGIT:g}: its weight would overflow to inf in float32")
+    return s.exp().to(scores.dtype)
+
+
 ROW_WEIGHTS = {
     "softmax": _softmax,  # a_j = exp(s_j) / sum_i exp(s_i)
     "linear": _linear,  # a_j = s_j: no exponential, no normaliser (chapter 6's control)
+    "linear_mean": _linear_mean,  # a_j = s_j / L: linear, divided by the number of keys (a length normaliser)
+    "linear_sum": _linear_sum,  # a_j = s_j / sum_i s_i: linear, divided by its own sum (refused where it vanishes)
+    "exp": _exp,  # a_j = exp(s_j): softmax's exponential without its normaliser (refused where it overflows)
 }
-"""How the single retrieval head turns its logits ``[..., L]`` into attention weights (chapter 6 compares them)."""
+"""How the single retrieval head turns its logits ``[..., L]`` over the keys a query sees into attention weights.
+
+Chapter 6's ablation separates softmax's two parts, the exponential and the division by a sum that
+grows with the length. Normalisers that can vanish or overflow raise ``ValueError`` instead of
+returning inf or NaN."""
 
 
 def check_attention(attention: str) -> str:
@@ -98,7 +136,12 @@ def check_attention(attention: str) -> str:
 
 
 def row_weights(scores: Tensor, attention: str = "softmax") -> Tensor:
-    """Attention weights ``[..., L]`` of logits ``[..., L]`` over the keys a query sees (see :data:`ROW_WEIGHTS`)."""
+    """Attention weights ``[..., L]`` of logits ``[..., L]`` over the keys a query sees (see :data:`ROW_WEIGHTS`).
+
+    Raises:
+        ValueError: an unknown normaliser; ``"linear_sum"`` where the sum of a row's logits vanishes;
+            ``"exp"`` where a logit would overflow (:data:`EXP_MAX_LOGIT`).
+    """
     return ROW_WEIGHTS[check_attention(attention)](scores)
 
 

@@ -274,6 +274,60 @@ class SnapshotSweep:
             raise TypeError(f"length_temperature must be a bool; got {self.length_temperature!r}")
 
 
+@dataclass(frozen=True)
+class RecurrentExperiment(SingleHeadSettings):
+    """An ensemble of :class:`~lengthgen_utils.models.LinearRNN` models on fixed-offset retrieval (chapter 8).
+
+    One model per (offset, seed), offset-major, trained together on one data stream as a
+    :class:`RetrievalSweep` is (lengths ``U{max(offsets) + 2 .. train_len}`` unless ``min_train_len`` or
+    ``fixed_length`` says otherwise). The shared :class:`SingleHeadSettings` (``d_model`` and ``d_head``
+    are not used), plus:
+
+    Fields:
+        offsets: the offsets k (distinct).
+        d_state: the recurrent state size.
+        init_scale: the initial spectral scale of the transition matrix (see
+            :class:`~lengthgen_utils.models.LinearRNNConfig`).
+    """
+
+    offsets: tuple[int, ...] = (1, 3, 5)
+    d_state: int = 32
+    init_scale: float = 0.1
+
+    def __post_init__(self):
+        offsets = normalize_sequence(self, "offsets", minimum=1)
+        if len(set(offsets)) != len(offsets):
+            raise ValueError(f"offsets must be distinct; got {offsets}")
+        self._check_settings(max(offsets))
+        check_int("d_state", self.d_state, minimum=1)
+        check_positive_float("init_scale", self.init_scale, allow_zero=True)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **overrides) -> "RecurrentExperiment":
+        """The experiment with a profile's compute settings and any field overridden."""
+        return cls(**{**cls._profile_overrides(profile), **overrides})
+
+    @property
+    def n_models(self) -> int:
+        """Models in the ensemble: ``len(offsets) * n_seeds``."""
+        return len(self.offsets) * self.n_seeds
+
+    @property
+    def tasks(self) -> list[FixedOffsetRetrieval]:
+        """One task per model, offset-major."""
+        return [FixedOffsetRetrieval(self.vocab_size, k) for k in self.offsets for _ in range(self.n_seeds)]
+
+    @property
+    def seeds(self) -> list[int]:
+        """One initialisation seed per model, offset-major."""
+        return [s for _ in self.offsets for s in range(self.n_seeds)]
+
+    @property
+    def shortest_train_len(self) -> int:
+        """The shortest training length every model sees."""
+        return self.min_train_len if self.min_train_len is not None else max(self.offsets) + 2
+
+
 SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
 """Eight frequencies evenly spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are
 well conditioned on 15 training offsets (condition number about 2), for the exact min-norm demonstration."""

@@ -131,10 +131,11 @@ def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: i
     tasks = as_task_list(task, model.n_models)
     gen = torch.Generator().manual_seed(seed)
     out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
-    for col, seq_len in enumerate(lengths):
-        tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
-        outputs, _ = model(tokens)
-        out[:, col] = ensemble_squared_error(outputs.double(), query_targets(tasks, tokens)).cpu()
+    with _threads(model, None):
+        for col, seq_len in enumerate(lengths):
+            tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
+            outputs, _ = model(tokens)
+            out[:, col] = ensemble_squared_error(outputs.double(), query_targets(tasks, tokens)).cpu()
     return out
 
 
@@ -195,3 +196,40 @@ def split_accuracy(accuracy: Tensor, counts: Tensor, train_len: int) -> tuple[Te
         return weighted[:, sel].sum(1) / total if total > 0 else torch.full((accuracy.shape[0],), float("nan"))
 
     return mean(inside), mean(~inside)
+
+
+@torch.no_grad()
+def lag_agreement(model, task, seq_len: int, lag: int, min_position: int = 0, n_samples: int = 64,
+                  seed: int = 12345) -> Tensor:
+    """How often a full-sequence model predicts the token ``lag`` places back, at the task's scored positions.
+
+    A diagnostic of the rule a model applies: on copying the first half (:class:`~lengthgen_utils.tasks.Copy`)
+    trained at one length, the right offset grows with the length, and a model that still answers with
+    the token ``lag`` back, the offset it was trained on, has learned a fixed-offset rule (chapter 8).
+
+    Args:
+        model: a ``Transformer`` ensemble of M models.
+        task: a full-sequence task (its scored positions are the ones counted).
+        seq_len: evaluation length L.
+        lag: the distance back compared with, ``1 <= lag < L``.
+        min_position: only positions ``t >= max(min_position, lag)`` count (e.g. the training length).
+        n_samples, seed: fresh sequences.
+
+    Returns:
+        float64 ``[M]``: the fraction of counted positions where ``argmax`` of the logits is ``x_{t - lag}``.
+
+    Raises:
+        ValueError: no position is counted, or bad sizes.
+    """
+    seq_len = task.check_seq_len(seq_len)
+    lag = check_int("lag", lag, minimum=1, maximum=seq_len - 1)
+    min_position = check_int("min_position", min_position, minimum=0)
+    positions = torch.nonzero(task.scored_positions(seq_len)).flatten()
+    positions = positions[positions >= max(min_position, lag)]
+    if positions.numel() == 0:
+        raise ValueError(f"no scored position t >= max(min_position={min_position}, lag={lag}) at seq_len={seq_len}")
+    tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
+                            torch.Generator().manual_seed(check_int("seed", seed, minimum=0)), device=model.device)
+    with _threads(model, None):
+        predicted = model(tokens, validate=False).argmax(-1)[:, :, positions]  # [M, B, P]
+    return (predicted == tokens[None, :, positions - lag]).double().mean((1, 2)).cpu()

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validate import check_int, per_model_ints
-from .positional import RoPE, check_relative_positions, rope_inverse_frequencies, rope_kernel_coefficients
+from ._validate import check_int, check_positive_float, per_model_ints
+from .positional import (RoPE, check_relative_positions, rope_kernel_coefficients,
+                         rope_kernel_features)
 from .theory import distractor_ratio, mean_field_parameters, orbit_log_stats, pair_recurrences, r_squared
 
 
@@ -113,7 +114,7 @@ def carrier_spectrum(model) -> CarrierSpectrum:
     else:
         zq, zk = torch.complex(q0[:, :half], q0[:, half:]), torch.complex(k0[:, :half], k0[:, half:])
     w = zq * zk.conj() / math.sqrt(d_head)
-    theta = rope_inverse_frequencies(d_head, encoding.base)
+    theta = encoding.frequencies(d_head, 1)  # RoPE's, or a subclass's own set
     return CarrierSpectrum(theta=theta, r=w.abs().cpu(), phi=w.angle().cpu())
 
 
@@ -137,12 +138,10 @@ def pair_components(model, relative) -> Tensor:
         relative: integer relative positions ``D`` (key minus query; any integers).
 
     Returns:
-        float64 ``[M, P, n]`` in logit units; summing over ``P`` gives :func:`kernel_at`.
+        float64 ``[M, P, n]`` in logit units; summing over ``P`` gives :func:`kernel_at`
+        (:func:`spectrum_components` of the head's :func:`carrier_spectrum`).
     """
-    rel = check_relative_positions("relative", relative)
-    spec = carrier_spectrum(model)
-    angle = spec.theta[None, :, None] * rel.double()[None, None, :] - spec.phi[:, :, None]
-    return spec.r[:, :, None] * torch.cos(angle)
+    return spectrum_components(carrier_spectrum(model), relative)
 
 
 def kernel_at(model, relative) -> Tensor:
@@ -188,8 +187,7 @@ def variation_weights(model, train_len: int) -> Tensor:
     Returns:
         float64 ``[M, P]`` (nats).
     """
-    return pair_components(model, relative_positions(check_int("train_len", train_len, minimum=2))).std(
-        -1, unbiased=False)
+    return spectrum_variation(carrier_spectrum(model), _window(train_len))
 
 
 def carrier_alignment(model, offset, train_len: int | None = None) -> Tensor:
@@ -212,10 +210,8 @@ def carrier_alignment(model, offset, train_len: int | None = None) -> Tensor:
     Source: the abstract's "carrier aligned with the offset" (claim of chapter 4).
     """
     spec = carrier_spectrum(model)
-    k = torch.tensor(per_model_ints("offset", offset, spec.r.shape[0], minimum=1), dtype=torch.float64)
-    weights = spec.r if train_len is None else variation_weights(model, train_len)
-    cos = torch.cos(spec.phi + spec.theta[None, :] * k[:, None])
-    return (weights * cos).sum(1) / weights.sum(1)
+    weights = None if train_len is None else spectrum_variation(spec, _window(train_len))
+    return spectrum_alignment(spec, offset, weights)
 
 
 def participation_ratio(weights: Tensor) -> Tensor:
@@ -269,19 +265,14 @@ def kernel_reconstruction(model, train_len: int, rank: int) -> Tensor:
     Returns:
         float64 ``[M]``, at most 1 (1 when ``rank`` pairs reconstruct the window exactly).
     """
-    rank = check_int("rank", rank, minimum=0)
-    comps = pair_components(model, relative_positions(check_int("train_len", train_len, minimum=2)))  # [M, P, W]
-    n_pairs = comps.shape[1]
-    if rank > n_pairs:
-        raise ValueError(f"rank must be in [0, {n_pairs}] (the number of frequency pairs); got rank={rank}")
-    order = comps.std(-1, unbiased=False).argsort(1, descending=True)
-    keep = torch.zeros(comps.shape[:2], dtype=torch.bool)
-    keep.scatter_(1, order[:, :rank], True)
-    approx = torch.where(keep[..., None], comps, comps.mean(-1, keepdim=True)).sum(1)
-    s = comps.sum(1)
-    resid = ((s - approx) ** 2).sum(-1)
-    total = ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
-    return 1 - resid / total
+    return spectrum_reconstruction(carrier_spectrum(model), _window(train_len), rank)
+
+
+def _window(window) -> Tensor:
+    """A window of relative positions: a training length ``L`` gives ``D = -(L-1) .. 0``; a sequence is checked."""
+    if isinstance(window, int) and not isinstance(window, bool):
+        return relative_positions(check_int("train_len", window, minimum=2))
+    return check_relative_positions("window", window)
 
 
 def first_alias_distance(model, offset, train_len: int, max_distance: int, tolerance: float = 1.0) -> list:
@@ -351,46 +342,44 @@ class CarrierMeasures:
         return CarrierMeasures(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
 
 
-def spectrum_measures(spec: CarrierSpectrum, offset, train_len: int) -> CarrierMeasures:
+def spectrum_measures(spec: CarrierSpectrum, offset, window) -> CarrierMeasures:
     """The carrier measures of heads given by their spectra (trained, untrained or with shuffled phases).
 
     Args:
         spec: :class:`CarrierSpectrum` of M heads (``r``, ``phi`` ``[M, P]``).
         offset: the target offset k (one int, or one per head).
-        train_len: the training length; the window is ``D = -(train_len-1) .. 0``.
+        window: the training length ``L`` (the window ``D = -(L-1) .. 0``) or the relative positions of
+            the window (e.g. a fit's); it must hold every target ``D = -k``.
 
     Returns:
         :class:`CarrierMeasures`.
 
     Raises:
-        ValueError / TypeError: bad offsets, or ``train_len < max(offset) + 2``.
+        ValueError / TypeError: bad offsets, or a window without some target ``-k``.
 
     Source: chapter 4 (the measures and their nulls).
     """
     m = spec.r.shape[0]
     ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1))
-    train_len = check_int("train_len", train_len, minimum=int(ks.max()) + 2)
-    rel = relative_positions(train_len).double()
-    comps = spec.r[:, :, None] * torch.cos(spec.theta[None, :, None] * rel[None, None, :] - spec.phi[:, :, None])
+    rel = _window(window)
+    where = (rel[None, :] == -ks[:, None])
+    if not where.any(1).all():
+        raise ValueError(f"window must contain every target D = -k; offsets {sorted(set(ks.tolist()))}, "
+                         f"window {int(rel.min())} .. {int(rel.max())}")
+    comps = spectrum_components(spec, rel)
     s = comps.sum(1)  # [M, W]
     var = comps.std(-1, unbiased=False)
-    cos = torch.cos(spec.phi + spec.theta[None, :] * ks[:, None].double())
-    order = var.argsort(1, descending=True)
-    keep = torch.zeros_like(var, dtype=torch.bool).scatter_(1, order[:, :2], True)
-    approx = torch.where(keep[..., None], comps, comps.mean(-1, keepdim=True)).sum(1)
-    centred = ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
-    rows = torch.arange(m)
-    target = s[rows, train_len - 1 - ks]
+    rows, target = torch.arange(m), where.double().argmax(1)
     others = s.clone()
-    others[rows, train_len - 1 - ks] = -math.inf
+    others[rows, target] = -math.inf
     return CarrierMeasures(
-        alignment_raw=(spec.r * cos).sum(1) / spec.r.sum(1),
-        alignment_variation=(var * cos).sum(1) / var.sum(1),
+        alignment_raw=spectrum_alignment(spec, ks.tolist()),
+        alignment_variation=spectrum_alignment(spec, ks.tolist(), var),
         pr_amplitude=participation_ratio(spec.r),
         pr_variation=participation_ratio(var),
-        top2_kept=1 - ((s - approx) ** 2).sum(-1) / centred,
-        peak_z=(target - others.max(1).values) / s.std(1, unbiased=False),
-        peak_distance=train_len - 1 - s.argmax(1),
+        top2_kept=_kept_variance(comps, 2),
+        peak_z=(s[rows, target] - others.max(1).values) / s.std(1, unbiased=False),
+        peak_distance=-rel[s.argmax(1)],
     )
 
 
@@ -533,3 +522,234 @@ def dilution_law_fit(model, offset, train_len: int, max_len: int) -> dict:
     law = ratio[:, :1] + slope[:, None] * steps[None, :]
     return {"margin": margin, "kappa": log_max - log_mean, "slope": slope,
             "r2": r_squared(ratio, law), "ratio": ratio, "law": law}
+
+
+def selection_margins(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, Tensor]:
+    """How far a kernel's target stands above the other offsets, inside and beyond the training window.
+
+    For a kernel in the row layout (column ``j`` holds ``s(D = j - (n-1))``):
+
+    * ``inside = s(-k) - max_{1 <= d < train_len, d != k} s(-d)``: the margin training could see;
+    * ``beyond = max_{train_len <= d < n} s(-d) - s(-k)``: how far the best offset training never saw
+      rises above the target (> 0: a key beyond the window outscores the target).
+
+    The query itself (``d = 0``) is excluded: its value is the query token, never a target.
+
+    Args:
+        kernel: ``[M, n]`` logits (nats), ``n > train_len``.
+        offset: the target offset ``k`` (one int, or one per model), ``k <= train_len - 2``.
+        train_len: the training length.
+
+    Returns:
+        ``(inside [M], beyond [M])`` float64 (nats).
+
+    Raises:
+        ValueError / TypeError: a kernel that is not ``[M, n]`` with ``n > train_len``; bad offsets.
+
+    Source: chapter 6 (what softmax's normaliser makes training do).
+    """
+    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    m, n = kernel.shape
+    train_len = check_int("train_len", train_len, minimum=3, maximum=n - 1)
+    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=train_len - 2))
+    by_distance = kernel.detach().double().cpu().flip(1)  # column d holds s(-d)
+    rows = torch.arange(m)
+    target = by_distance[rows, ks]
+    window = by_distance[:, 1:train_len].clone()
+    window[rows, ks - 1] = -math.inf
+    return target - window.max(1).values, by_distance[:, train_len:].max(1).values - target
+
+
+# ---------------------------------------------------------------- a carrier fitted to a measured profile (chapter 7)
+#
+# The measures above read the carrier of a position-only head off its weights. A head of a full
+# transformer has no such closed form in general, but its attention logit averaged over content is
+# still a function of the offset alone under RoPE (chapter 2): fit the carrier form to it and apply
+# the same measures to the fitted spectrum.
+
+@dataclass(frozen=True)
+class CarrierFit:
+    """A carrier ``s(D) = sum_i r_i cos(theta_i D - phi_i)`` least-squares fitted to measured profiles.
+
+    Attributes:
+        spectrum: the fitted :class:`CarrierSpectrum` (``r``, ``phi``: ``[N, P]`` for N profiles).
+        window: the relative positions ``D`` the fit used, long ``[W]``.
+        r2: float64 ``[N]``, the fraction of each profile's variance over the window that the fit explains.
+    """
+
+    spectrum: CarrierSpectrum
+    window: Tensor
+    r2: Tensor
+
+
+def fit_carrier(profile: Tensor, window, theta, rcond: float = 1e-3) -> CarrierFit:
+    """Least-squares fit of the carrier form ``sum_i r_i cos(theta_i D - phi_i)`` to offset profiles.
+
+    Writing ``r_i cos(theta_i D - phi_i) = a_i cos(theta_i D) + b_i sin(theta_i D)`` makes the fit
+    linear in ``c = (a, b)``: ``c = pinv(Phi_W) s_W`` over the window ``W`` of relative positions
+    (the minimum-norm least-squares solution, so frequencies that barely turn over the window and
+    cannot be told apart share their part rather than cancel with huge amplitudes). Then
+    ``r_i = |a_i + 1j b_i|`` and ``phi_i = arg(a_i + 1j b_i)``, the convention of
+    :func:`carrier_spectrum`, so :func:`spectrum_alignment` and the other measures read it the same way.
+
+    Args:
+        profile: float ``[N, W]``: column ``w`` holds the profile at ``window[w]`` (e.g. a head's mean
+            attention logit at each offset, from :func:`~lengthgen_utils.probes.head_offset_profiles`).
+        window: the ``W`` integer relative positions ``D`` of the columns (distinct).
+        theta: ``[P]`` frequencies in rad/token (e.g. ``RoPE().frequencies(d_head, L)``).
+        rcond: singular values of ``Phi_W`` below ``rcond * sigma_max`` are dropped. With RoPE's
+            frequencies (base ``10^4``, ``d_head = 16``) on the 31 offsets of a length-32 window, the
+            default keeps 8 of the 16 directions (singular values 12.9 down to 0.066); the next ones
+            (0.002, 2e-5, ...) would let a fit to noise reach amplitudes of ``10^6``.
+
+    Returns:
+        :class:`CarrierFit`.
+
+    Raises:
+        ValueError / TypeError: shapes that do not match, repeated or non-integer positions, a
+            non-finite profile, a profile constant over the window. (A window shorter than ``2 P``
+            is allowed: the fit is then the minimum-norm one among exact fits.)
+
+    Source: the carrier form of chapter 4 (RoFormer's eq. (34) read as a function of the offset).
+    """
+    window = check_relative_positions("window", window)
+    if window.unique().numel() != window.numel():
+        raise ValueError(f"window must hold distinct relative positions; got {window.tolist()}")
+    theta = torch.as_tensor(theta, dtype=torch.float64).flatten()
+    if theta.numel() < 1 or not torch.isfinite(theta).all():
+        raise ValueError(f"theta must be a non-empty tensor of finite frequencies; got {theta!r}")
+    if not isinstance(profile, Tensor) or profile.dim() != 2 or profile.shape[1] != window.numel():
+        raise ValueError(f"profile must be a tensor [N, W = {window.numel()}] (one column per window position); "
+                         f"got {tuple(getattr(profile, 'shape', ()))}")
+    y = profile.detach().double().cpu()
+    if not torch.isfinite(y).all():
+        raise ValueError("profile must be finite over the window (a NaN marks an offset it did not average)")
+    variance = ((y - y.mean(1, keepdim=True)) ** 2).sum(1)
+    if (variance == 0).any():
+        raise ValueError("a profile is constant over the window: its carrier fit is undefined")
+    phi = rope_kernel_features(window, 2 * theta.numel(), frequencies=theta)  # [W, 2P]
+    c = y @ torch.linalg.pinv(phi, rtol=check_positive_float("rcond", rcond)).T  # [N, 2P]
+    residual = ((y - c @ phi.T) ** 2).sum(1)
+    p = theta.numel()
+    z = torch.complex(c[:, :p], c[:, p:])
+    return CarrierFit(CarrierSpectrum(theta=theta, r=z.abs(), phi=z.angle()), window, 1 - residual / variance)
+
+
+def spectrum_components(spectrum: CarrierSpectrum, relative) -> Tensor:
+    """Each pair's term ``r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, P, n]``.
+
+    The one place the carrier's terms are formed: :func:`pair_components`, :func:`kernel_at` and every
+    measure of chapters 4 and 7 go through it."""
+    rel = check_relative_positions("relative", relative).double()
+    angle = spectrum.theta[None, :, None] * rel[None, None, :] - spectrum.phi[:, :, None]
+    return spectrum.r[:, :, None] * torch.cos(angle)
+
+
+def spectrum_kernel(spectrum: CarrierSpectrum, relative) -> Tensor:
+    """The carrier ``s(D) = sum_i r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, n]``."""
+    return spectrum_components(spectrum, relative).sum(1)
+
+
+def spectrum_variation(spectrum: CarrierSpectrum, window) -> Tensor:
+    """Each pair's variation over ``window`` (population std of its term): float64 ``[N, P]``.
+
+    ``window`` is a training length ``L`` (``D = -(L-1) .. 0``) or the relative positions themselves. The
+    spectrum form of :func:`variation_weights` (which takes a trained head and its training length).
+    """
+    return spectrum_components(spectrum, _window(window)).std(-1, unbiased=False)
+
+
+def spectrum_alignment(spectrum: CarrierSpectrum, offset, weights: Tensor | None = None) -> Tensor:
+    """Alignment ``C = sum_i w_i cos(phi_i + theta_i k) / sum_i w_i`` of a spectrum with the offset ``k``.
+
+    The spectrum form of :func:`carrier_alignment`: ``weights=None`` weights by the amplitudes ``r_i``;
+    pass :func:`spectrum_variation` to weight by each pair's variation over a window.
+
+    Args:
+        spectrum: ``N`` carriers.
+        offset: the target offset ``k >= 1`` (one int, or one per carrier).
+        weights: ``None`` or non-negative ``[N, P]``.
+
+    Returns:
+        float64 ``[N]`` in [-1, 1] (1: every weighted pair peaks at ``D = -k``).
+    """
+    n = spectrum.r.shape[0]
+    k = torch.tensor(per_model_ints("offset", offset, n, minimum=1), dtype=torch.float64)
+    w = spectrum.r if weights is None else torch.as_tensor(weights, dtype=torch.float64)
+    if w.shape != spectrum.r.shape or (w < 0).any():
+        raise ValueError(f"weights must be non-negative [N, P] = {tuple(spectrum.r.shape)}; got {tuple(w.shape)}")
+    cos = torch.cos(spectrum.phi + spectrum.theta[None, :] * k[:, None])
+    return (w * cos).sum(1) / w.sum(1)
+
+
+def spectrum_reconstruction(spectrum: CarrierSpectrum, window, rank: int) -> Tensor:
+    """Fraction of the carrier's variance over ``window`` kept by its top-``rank`` pairs (by variation).
+
+    The other pairs are replaced by their mean over the window. ``window`` is a training length ``L``
+    (``D = -(L-1) .. 0``) or the relative positions themselves. Returns float64 ``[N]``, at most 1.
+
+    Raises:
+        ValueError / TypeError: ``rank`` not in ``[0, P]`` (the number of frequency pairs).
+    """
+    n_pairs = spectrum.r.shape[1]
+    rank = check_int("rank", rank, minimum=0, maximum=n_pairs)
+    return _kept_variance(spectrum_components(spectrum, _window(window)), rank)
+
+
+def _kept_variance(comps: Tensor, rank: int) -> Tensor:
+    """``1 - ||s - s_r||^2 / ||s - mean s||^2`` for components ``[N, P, W]`` keeping the top-``rank`` pairs."""
+    order = comps.std(-1, unbiased=False).argsort(1, descending=True)
+    keep = torch.zeros(comps.shape[:2], dtype=torch.bool)
+    keep.scatter_(1, order[:, :rank], True)
+    approx = torch.where(keep[..., None], comps, comps.mean(-1, keepdim=True)).sum(1)
+    s = comps.sum(1)
+    return 1 - ((s - approx) ** 2).sum(-1) / ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
+
+
+def fitted_carrier_measures(fit: CarrierFit, offset) -> dict:
+    """Chapter 4's carrier measures of fitted carriers, over the window the fit used.
+
+    Args:
+        fit: a :class:`CarrierFit` of ``N`` profiles.
+        offset: the target offset ``k`` (one int, or one per profile); ``-k`` must lie in the fit's window.
+
+    Returns:
+        ``{name: float64 [N]}``: :meth:`CarrierMeasures.as_dict` of :func:`spectrum_measures` over ``fit.window``
+        (``"C raw"``, ``"C variation"``, ``"PR amplitude"``, ``"PR variation"``, ``"top-2 kept"``, ``"peak z"``).
+    """
+    return spectrum_measures(fit.spectrum, offset, fit.window).as_dict()
+
+
+def kernel_first_alias(kernel: Tensor, offset, min_distance: int, tolerance: float = 1.0) -> list:
+    """The nearest distance ``d >= min_distance`` at which a kernel comes back near its value at ``-k``.
+
+    The criterion of :func:`first_alias_distance` (``s(-d) >= s(-k) - tolerance``: a key that gets at
+    least ``exp(-tolerance)`` of the target's weight) applied to any kernel in the row layout, e.g.
+    a transformer head's mean attention logit measured on long sequences (chapter 7).
+
+    Args:
+        kernel: ``[M, n]`` logits (nats) in the row layout; non-finite columns (offsets a probe did not
+            average) are skipped.
+        offset: the target offset ``k`` (one int, or one per row).
+        min_distance: the first distance searched (``> k``).
+        tolerance: nats below the target logit that still count (>= 0).
+
+    Returns:
+        one int or ``None`` (no alias up to ``n - 1``) per row.
+
+    Source: chapter 4 (aliases of the offset kernel); Barbero et al. 2025.
+    """
+    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    m, n = kernel.shape
+    ks = per_model_ints("offset", offset, m, minimum=1, maximum=n - 1)
+    min_distance = check_int("min_distance", min_distance, minimum=max(ks) + 1, maximum=n - 1)
+    tolerance = check_positive_float("tolerance", tolerance, allow_zero=True)
+    by_distance = kernel.detach().double().cpu().flip(1)
+    out = []
+    for i, k in enumerate(ks):
+        row = by_distance[i]
+        hits = torch.nonzero(row[min_distance:] >= row[k] - tolerance)  # NaN compares False
+        out.append(int(hits[0, 0]) + min_distance if hits.numel() else None)
+    return out

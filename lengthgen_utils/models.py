@@ -2,6 +2,7 @@
 
 * :class:`RetrievalHead`: the single position-only head of chapters 1-6;
 * :class:`KernelHead`: its linear-attention control with the offset kernel as the parameter (chapter 6);
+* :class:`LinearRNN`: a linear recurrent model on the same task (chapter 8);
 * :class:`Transformer`: a pre-LN decoder for the full-sequence tasks (chapters 7-9).
 
 Each model asks its position encoding (:mod:`~lengthgen_utils.positional`) what to add to the
@@ -297,6 +298,22 @@ class RetrievalHead(EnsembleModel):
         return copy
 
 
+    def with_attention(self, attention: str) -> "RetrievalHead":
+        """A copy with the same weights whose attention row uses another normaliser (chapter 6's test-time swap).
+
+        Args:
+            attention: a key of :data:`~lengthgen_utils.attention.ROW_WEIGHTS`.
+
+        Raises:
+            ValueError: an unknown normaliser.
+        """
+        cfg = self.config
+        copy = RetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, check_attention(attention), cfg.max_len,
+                             n_models=self.n_models, seeds=self.seeds).to(self.device)
+        copy.load_state_dict(self.state_dict())
+        return copy.eval() if not self.training else copy
+
+
 # ---------------------------------------------------------------- the direct kernel head (chapter 6)
 class KernelHead(Ensemble):
     """A directly parameterised RoPE offset kernel with linear attention and one-hot values (chapter 6).
@@ -370,6 +387,147 @@ class KernelHead(Ensemble):
         attn = self.scores(tokens.shape[-1])  # [M, L]
         table = self.values.to(attn)[None].expand(self.n_models, -1, -1)
         return readout(attn, tokens, table), attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
+
+
+# ---------------------------------------------------------------- a linear recurrent model (chapter 8)
+@dataclass(frozen=True)
+class LinearRNNConfig:
+    """Hyper-parameters of :class:`LinearRNN` (hashable).
+
+    Attributes:
+        vocab_size: content tokens V (the input vocabulary is V + 1 with the query token).
+        d_state: state size n.
+        init_scale: std of ``A``'s entries times ``sqrt(n)`` at initialisation (its spectral radius is
+            about ``init_scale``); small, as in the implicit-bias results on linear recurrent networks.
+    """
+
+    vocab_size: int = 16
+    d_state: int = 32
+    init_scale: float = 0.1
+
+    def __post_init__(self):
+        check_int("vocab_size", self.vocab_size, minimum=2)
+        check_int("d_state", self.d_state, minimum=1)
+        check_positive_float("init_scale", self.init_scale, allow_zero=True)
+
+
+class LinearRNN(Ensemble):
+    """A linear recurrent model read out at the last position: an ensemble for the query-readout tasks.
+
+    ``h_t = A h_{t-1} + B e(x_t)`` from ``h_{-1} = 0`` (``e`` one-hot over the V + 1 input tokens), and
+    class logits ``C h_{L-1}``. Unrolled, the readout is a convolution over the distance ``d`` back::
+
+        logits = sum_{d=0}^{L-1} K(d) e(x_{L-1-d}),   K(d) = C A^d B   ([V, V+1] per distance)
+
+    a kernel over distances like an attention head's kernel over offsets (chapters 4 and 6), but one
+    that decays geometrically wherever ``A`` is stable, instead of carrying on at every length. No
+    position signal enters: order comes only from the recurrence, so :attr:`encoding` is NoPE.
+
+    Args:
+        vocab_size, d_state, init_scale: see :class:`LinearRNNConfig`.
+        n_models: ensemble size M; ``seeds``: one initialisation seed per model (default ``0 .. M-1``).
+
+    Parameters: ``A [M, n, n]`` (``N(0, init_scale^2 / n)``), ``B [M, n, V+1]`` and ``C [M, V, n]``
+    (``N(0, 1/n)``).
+
+    Shapes:
+        ``forward(tokens [B, L] or [M, B, L])`` -> ``(logits [M, B, V], kernel norms [M, L])``.
+
+    Raises:
+        ValueError / TypeError: sizes out of range; bad tokens; positions given (an RNN has none);
+        a state that overflows (``A`` unstable at that length) instead of returning inf or NaN.
+
+    Source: the linear recurrent networks of Cohen-Karlik et al. 2022, 2023 (implicit bias towards
+    low-dimensional state and extrapolation), here on chapter 1's task.
+    """
+
+    def __init__(self, vocab_size: int = 16, d_state: int = 32, init_scale: float = 0.1, n_models: int = 1,
+                 seeds=None):
+        super().__init__()
+        self.config = cfg = LinearRNNConfig(vocab_size, d_state, init_scale)
+        self.seeds = _seeds(seeds, n_models)
+        gens = [torch.Generator().manual_seed(s) for s in self.seeds]
+        n = cfg.d_state
+        self.A = _normal(gens, n, n, std=cfg.init_scale / math.sqrt(n))
+        self.B = _normal(gens, n, vocab_size + 1, std=1 / math.sqrt(n))
+        self.C = _normal(gens, vocab_size, n, std=1 / math.sqrt(n))
+
+    @property
+    def encoding(self) -> Encoding:
+        """NoPE: no position signal; order enters only through the recurrence."""
+        return get_encoding("nope")
+
+    def check_positions(self, positions: Tensor) -> None:
+        """Nothing to check: a recurrence runs at any length."""
+
+    def kernel(self, seq_len: int) -> Tensor:
+        """``K(d) = C A^d B`` for ``d = 0 .. L-1``: ``[M, L, V, V+1]`` (differentiable).
+
+        Raises:
+            ValueError: an entry is not finite (``A`` grows without bound over ``L`` steps).
+        """
+        seq_len = check_int("seq_len", seq_len, minimum=1)
+        power_b, out = self.B, []
+        for _ in range(seq_len):
+            out.append(self.C @ power_b)  # C A^d B
+            power_b = self.A @ power_b
+        kernel = torch.stack(out, 1)
+        if not bool(torch.isfinite(kernel).all()):
+            radius = float(torch.linalg.eigvals(self.A.detach().double().cpu()).abs().max())
+            raise ValueError(f"the recurrent kernel C A^d B overflows within seq_len={seq_len} steps (largest "
+                             f"|eigenvalue| of A: {radius:.3g}): the model cannot be run at this length")
+        return kernel
+
+    def kernel_norm(self, seq_len: int) -> Tensor:
+        """Frobenius norm of ``K(d)`` for ``d = 0 .. L-1``: float64 ``[M, L]`` (how much distance ``d`` counts)."""
+        with torch.no_grad():
+            return self.kernel(seq_len).double().flatten(2).norm(dim=-1).cpu()
+
+    def spectral_radius(self) -> Tensor:
+        """Largest ``|eigenvalue|`` of ``A`` per model: float64 ``[M]`` (< 1: the kernel decays geometrically)."""
+        return torch.linalg.eigvals(self.A.detach().double().cpu()).abs().max(-1).values
+
+    def states(self, tokens: Tensor) -> Tensor:
+        """The recurrence itself, step by step: ``h_{L-1}`` ``[M, B, n]`` for ``tokens [B, L]`` (a reference for tests)."""
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, True, batched_models=False)
+        h = torch.zeros(self.n_models, tokens.shape[0], self.config.d_state, device=self.device, dtype=self.A.dtype)
+        for t in range(tokens.shape[1]):
+            h = torch.einsum("mij,mbj->mbi", self.A, h) + self.B[:, :, tokens[:, t]].transpose(1, 2)
+        return h
+
+    def forward(self, tokens: Tensor, validate: bool = True, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``tokens [B, L]`` or ``[M, B, L]`` -> ``(logits [M, B, V], kernel norms [M, L])``.
+
+        ``validate=False`` skips the token-range check (see :func:`_check_tokens`). ``positions`` must be
+        None: the training loop passes the encoding's training positions, which NoPE leaves at None.
+        """
+        if positions is not None:
+            raise ValueError("a LinearRNN has no positions to set (order enters through the recurrence); got positions")
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
+        seq_len = tokens.shape[-1]
+        kernel = self.kernel(seq_len).flip(1)  # [M, L, V, V+1]: index j holds K(d = L-1-j)
+        one_hot = F.one_hot(tokens, self.config.vocab_size + 1).to(kernel.dtype)  # [(M,) B, L, V+1]
+        pattern = "mblv,mlcv->mbc" if tokens.dim() == 3 else "blv,mlcv->mbc"
+        logits = torch.einsum(pattern, one_hot, kernel)
+        return logits, kernel.detach().flatten(2).norm(dim=-1).flip(1)
+
+    def subset(self, indices) -> "LinearRNN":
+        """A copy holding ensemble members ``indices`` (in that order).
+
+        Raises:
+            ValueError / TypeError: an index outside ``0 .. n_models-1``, or an empty list.
+        """
+        indices = check_int_sequence("indices", indices, minimum=0)
+        for i in indices:
+            check_int("indices", i, minimum=0, maximum=self.n_models - 1)
+        cfg = self.config
+        copy = LinearRNN(cfg.vocab_size, cfg.d_state, cfg.init_scale, n_models=len(indices),
+                         seeds=[self.seeds[i] for i in indices]).to(self.device)
+        index = torch.tensor(indices, device=self.device)
+        with torch.no_grad():
+            for (_, p_copy), (_, p) in zip(copy.named_parameters(), self.named_parameters()):
+                p_copy.copy_(p[index])
+        return copy
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)
@@ -532,4 +690,5 @@ class Transformer(EnsembleModel):
         return self._run(tokens, position_shift, "scores")[1]
 
 
-__all__ = ["RetrievalHead", "RetrievalHeadConfig", "KernelHead", "Transformer", "TransformerConfig", "readout"]
+__all__ = ["RetrievalHead", "RetrievalHeadConfig", "KernelHead", "LinearRNN", "LinearRNNConfig", "Transformer",
+           "TransformerConfig", "readout"]

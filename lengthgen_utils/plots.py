@@ -306,7 +306,7 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
     return fig
 
 
-def loss_curves(histories: dict, title: str) -> go.Figure:
+def loss_curves(histories: dict, title: str, colors: dict | None = None) -> go.Figure:
     """Training loss per step: every model of each ensemble as a thin line, the mean as a thick one.
 
     On a log axis a min..max band is misleading (a loss near 0 draws the band down to 1e-9), so each
@@ -315,6 +315,7 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
     Args:
         histories: ``{name: loss [steps, n_models]}`` (the return value of ``training.train``).
         title: figure title.
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure`` with a log loss axis.
@@ -325,7 +326,7 @@ def loss_curves(histories: dict, title: str) -> go.Figure:
         if hist.ndim != 2:
             raise ValueError(f"histories[{name!r}] must be [steps, n_models]; got shape {hist.shape}")
         steps = np.arange(1, hist.shape[0] + 1)
-        color = _color(name, i)
+        color = (colors or {}).get(name, _color(name, i))
         for m in range(hist.shape[1]):
             fig.add_trace(go.Scatter(x=steps, y=hist[:, m], mode="lines", line=dict(color=_rgba(color, 0.35), width=1),
                                      legendgroup=_label(name), showlegend=False,
@@ -580,7 +581,8 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
 
 
 def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
-                   y_title: str = "attention weight s(D), scaled so that s(-k) = 1") -> go.Figure:
+                   y_title: str = "attention weight s(D), scaled so that s(-k) = 1",
+                   colors: dict | None = None) -> go.Figure:
     """Offset kernels ``s(D)`` against the offset, with the training window shaded.
 
     Args:
@@ -589,6 +591,8 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         train_len: the training offsets ``-(train_len-1) .. -1`` are shaded.
         target_offset: k; a dotted vertical line marks ``D = -k``.
         title: figure title.
+        y_title: the y axis title (say what is plotted, with units).
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure`` (x: relative position D = j - i in tokens, key minus query).
@@ -605,7 +609,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         values = np.atleast_2d(np.asarray(values, dtype=float))
         if values.shape[1] != len(offsets):
             raise ValueError(f"values for {name!r} must have {len(offsets)} columns; got {values.shape}")
-        color = palette[i % len(palette)]
+        color = (colors or {}).get(name, palette[i % len(palette)])
         if values.shape[0] > 1:
             fig.add_trace(go.Scatter(x=np.concatenate([offsets, offsets[::-1]]),
                                      y=np.concatenate([values.max(0), values.min(0)[::-1]]), mode="lines",
@@ -626,13 +630,15 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
 
 
 def predicted_vs_measured(curves: dict, train_len: int, title: str,
-                          y_title: str = "mean squared error ||o - e(y)||^2 (log scale)") -> go.Figure:
+                          y_title: str = "mean squared error ||o - e(y)||^2 (log scale)",
+                          colors: dict | None = None) -> go.Figure:
     """A closed-form prediction (line) against measurements (markers: mean, error bars: min..max over seeds).
 
     Args:
         curves: ``{name: (lengths [n], predicted [n], measured [n_seeds, n])}``.
         train_len: drawn as a vertical line.
         title: figure title.
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure`` with log axes (x: sequence length in tokens).
@@ -647,7 +653,7 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
         measured = np.atleast_2d(np.asarray(measured, dtype=float))
         if predicted.shape != lengths.shape or measured.shape[1] != len(lengths):
             raise ValueError(f"{name!r}: predicted must be [{len(lengths)}] and measured [n_seeds, {len(lengths)}]")
-        color = palette[i % len(palette)]
+        color = (colors or {}).get(name, palette[i % len(palette)])
         mean = measured.mean(0)
         fig.add_trace(go.Scatter(x=lengths, y=predicted, mode="lines", name=f"{name}: predicted",
                                  line=dict(color=color, width=2)))
@@ -667,7 +673,8 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
 
 
 # --- transformer (chapter 7)
-def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str) -> go.Figure:
+def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str,
+                         colors: dict | None = None) -> go.Figure:
     """Token accuracy at each position of a long sequence, mean over seeds with a min..max band.
 
     Args:
@@ -675,6 +682,7 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
         chance: chance accuracy (dotted line).
         train_len: training length (dashed line: positions to its right were never trained).
         title: figure title.
+        colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
 
     Returns:
         a plotly ``Figure``; below-chance means are flagged and fewer than 5 seeds noted, as in
@@ -697,7 +705,7 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
         # flag on the mean over all scored positions: a single position's mean over a few
         # sequences dips below chance by sampling noise alone
         means[name], n_seeds = [acc.mean()], n_seeds + [acc.shape[0]]
-        color = _color(name, i)
+        color = (colors or {}).get(name, _color(name, i))
         fig.add_trace(go.Scatter(x=np.concatenate([pos, pos[::-1]]), y=np.concatenate([acc.max(0), acc.min(0)[::-1]]),
                                  mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line=dict(width=0),
                                  hoverinfo="skip", showlegend=False))
@@ -1414,4 +1422,80 @@ def scaled_vs_plain_mass(lengths, plain, scaled, title: str) -> go.Figure:
     fig.update_layout(title=title)
     fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
     fig.update_yaxes(title="attention mass on the target, p(L)", range=[0, 1.02])
+    return fig
+
+
+# --- chapter 6: reference curves beside trained ensembles
+def add_reference_curves(fig: go.Figure, curves: dict, colors: dict | None = None) -> go.Figure:
+    """Add single curves (closed forms, not ensembles) to a figure made by :func:`accuracy_vs_length`.
+
+    A reference curve is one computed value per length (e.g. the accuracy of the min-norm interpolant
+    itself), so it is drawn dashed, without a band and without counting as seeds in the title.
+
+    Args:
+        fig: a figure from :func:`accuracy_vs_length` (its x axis is ``log2(L)``).
+        curves: ``{name: (lengths [n], values [n])}``.
+        colors: optional ``{name: colour}``.
+
+    Returns:
+        ``fig``, with one dashed line per curve.
+
+    Raises:
+        ValueError: ``curves`` is empty or a curve's values do not match its lengths.
+    """
+    if not curves:
+        raise ValueError("curves must name at least one curve")
+    for i, (name, (lengths, values)) in enumerate(curves.items()):
+        lengths = np.asarray(lengths)
+        values = np.asarray(values, dtype=float)
+        if values.shape != lengths.shape:
+            raise ValueError(f"values for {name!r} must have shape {lengths.shape}; got {values.shape}")
+        color = (colors or {}).get(name, PALETTE[(i + 5) % len(PALETTE)])
+        fig.add_trace(go.Scatter(x=np.log2(lengths), y=values, mode="lines+markers", name=str(name),
+                                 line=dict(color=color, width=2, dash="dash"), marker=dict(symbol="diamond"),
+                                 customdata=lengths, hovertemplate="L=%{customdata:d}: %{y:.3f}<extra></extra>"))
+    return fig
+
+
+# --- chapter 7: trained heads against an untrained null
+def trained_vs_null(groups: dict, title: str, y_title: str, null_names=("untrained",),
+                    trained_name: str = "trained") -> go.Figure:
+    """A statistic of trained heads (one marker each) beside its null distributions (box plots), per group.
+
+    Args:
+        groups: ``{group: {"trained": values [n], "<null name>": values [m], ...}}``, e.g. one group per
+            offset ``k``; every null named in ``null_names`` must be present (it may be empty).
+        title: figure title.
+        y_title: the statistic, with units.
+        null_names: the null distributions to draw, in order.
+        trained_name: the key of the trained heads' values.
+
+    Returns:
+        a plotly ``Figure``: for each group, one box per null (median, quartiles, whiskers to 1.5 IQR,
+        every value drawn as a point) and the trained heads as large markers.
+
+    Raises:
+        ValueError: no group, or a group without the trained values or a null.
+    """
+    if not groups:
+        raise ValueError("groups must name at least one group")
+    fig = go.Figure()
+    null_colors = ["#7f7f7f", "#bcbd22", "#17becf"]
+    for j, null in enumerate(null_names):
+        xs, ys = [], []
+        for group, values in groups.items():
+            if null not in values or trained_name not in values:
+                raise ValueError(f"group {group!r} must hold {trained_name!r} and {null!r}; got {sorted(values)}")
+            v = np.asarray(values[null], dtype=float).ravel()
+            xs += [str(group)] * len(v)
+            ys += v.tolist()
+        fig.add_trace(go.Box(x=xs, y=ys, name=f"{null} (null)", boxpoints="all", jitter=0.4, pointpos=0,
+                             marker=dict(color=null_colors[j % len(null_colors)], size=4), line=dict(width=1),
+                             offsetgroup=str(j)))
+    xs = [str(g) for g, v in groups.items() for _ in np.asarray(v[trained_name]).ravel()]
+    ys = [float(x) for v in groups.values() for x in np.asarray(v[trained_name], dtype=float).ravel()]
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"{trained_name} (each seed)",
+                             marker=dict(color="#1f77b4", size=11, symbol="diamond", line=dict(width=1, color="white"))))
+    fig.update_layout(title=title, boxmode="group")
+    fig.update_yaxes(title=y_title)
     return fig

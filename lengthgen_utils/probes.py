@@ -14,10 +14,11 @@ import torch
 from torch import Tensor
 
 from ._validate import check_int, check_int_sequence, per_model_ints
-from .attention import attention_scores, causal_mask, row_weights
+from .attention import attention_scores, row_weights
+from .kernel import CarrierFit, fit_carrier
 from .positional import RoPE, rope_angles
 from .tasks import as_task_list, query_targets, shared_task
-from .training import ensemble_cross_entropy
+from .training import cpu_threads, default_cpu_threads, ensemble_cross_entropy
 
 
 # ---------------------------------------------------------------- equivariance (chapter 2)
@@ -79,7 +80,8 @@ def position_attention(model, seq_len: int) -> Tensor:
     """Causal attention of a query at every position ``m`` over the keys ``n <= m``.
 
     Args:
-        model: a ``RetrievalHead`` ensemble (its own normaliser: softmax or linear).
+        model: a ``RetrievalHead`` ensemble (its own normaliser, any of
+            :data:`~lengthgen_utils.attention.ROW_WEIGHTS`, applied to each query's causal row).
         seq_len: L >= 1.
 
     Returns:
@@ -87,10 +89,10 @@ def position_attention(model, seq_len: int) -> Tensor:
         Row ``L-1`` is ``model.attention_row(L)``.
     """
     s = position_logits(model, seq_len)
-    causal = causal_mask(seq_len, s.device)
-    if model.config.attention == "softmax":
-        return row_weights(s.masked_fill(~causal, float("-inf")), "softmax")
-    return row_weights(s, model.config.attention).masked_fill(~causal, 0.0)
+    out = torch.zeros_like(s)
+    for m in range(seq_len):  # query m sees keys 0..m: a normaliser may depend on how many (linear_mean)
+        out[:, m, : m + 1] = row_weights(s[:, m, : m + 1], model.config.attention)
+    return out
 
 
 @torch.no_grad()
@@ -186,8 +188,11 @@ def shift_invariance(model, tokens: Tensor, shifts=(1, 1000, 100000)) -> dict:
         out = model(tokens, position_shift=shift)
         return out[0] if isinstance(out, tuple) else out
 
-    base = logits(0)
-    return {shift: float((logits(shift) - base).abs().max()) for shift in check_int_sequence("shifts", shifts)}
+    shifts = check_int_sequence("shifts", shifts)
+    device = getattr(model, "device", torch.device("cpu"))
+    with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
+        base = logits(0)
+        return {shift: float((logits(shift) - base).abs().max()) for shift in shifts}
 
 
 # ---------------------------------------------------------------- pinning (chapter 3)
@@ -358,16 +363,16 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
     min_query = seq_len // 2 if min_query is None else check_int("min_query", min_query, 0, seq_len - 1)
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             torch.Generator().manual_seed(seed), device=model.device)
-    scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
-    queries = torch.arange(min_query, seq_len)
-    logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
-    weight = logit.clone()
-    for layer, s in enumerate(scores):
-        w = s.softmax(-1)
-        for d in range(min_query + 1):
-            keys = queries - d
-            logit[:, layer, :, d] = s[..., queries, keys].double().mean((1, 3)).cpu()
-            weight[:, layer, :, d] = w[..., queries, keys].double().mean((1, 3)).cpu()
+    with _cpu_threads_for(model):
+        scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
+        queries = torch.arange(min_query, seq_len, device=model.device)[:, None]  # [Q, 1]
+        keys = queries - torch.arange(min_query + 1, device=model.device)  # [Q, d]: key of query q at distance d
+        logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
+        weight = logit.clone()
+        for layer, s in enumerate(scores):
+            w = s.softmax(-1)
+            logit[:, layer, :, : min_query + 1] = s[..., queries, keys].double().mean((1, 3)).cpu()  # [M, H, d]
+            weight[:, layer, :, : min_query + 1] = w[..., queries, keys].double().mean((1, 3)).cpu()
     return logit, weight
 
 
@@ -426,3 +431,70 @@ def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 
         else:
             kinds.append("cliff" if w <= cliff else "gradual" if w >= gradual else "between")
     return {"high": out_high, "half": out_half, "width": width, "start": accuracy[:, 0].clone(), "kind": kinds}
+
+
+def _cpu_threads_for(model):
+    """One intra-op thread for a model on the CPU (as training and evaluation use), else no change."""
+    return cpu_threads(default_cpu_threads() if model.device.type == "cpu" else None)
+
+
+def copying_heads(weight: Tensor, offset) -> Tensor:
+    """The head of each model that puts the most mean attention weight at the task's offset.
+
+    Args:
+        weight: ``[M, n_layers, n_heads, n]`` mean attention weight by distance (index ``d``), e.g.
+            from :func:`head_offset_profiles`.
+        offset: the distance ``k`` (one int, or one per model).
+
+    Returns:
+        long ``[M]``: the flat head index ``layer * n_heads + head`` of each model.
+    """
+    if not isinstance(weight, Tensor) or weight.dim() != 4:
+        raise ValueError(f"weight must be a tensor [M, n_layers, n_heads, n]; got {getattr(weight, 'shape', weight)!r}")
+    m = weight.shape[0]
+    ks = per_model_ints("offset", offset, m, minimum=0, maximum=weight.shape[-1] - 1)
+    at_k = torch.stack([weight[i, :, :, k] for i, k in enumerate(ks)])  # [M, n_layers, n_heads]
+    return torch.nan_to_num(at_k.flatten(1), nan=-1.0).argmax(1)
+
+
+def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 999,
+                  rcond: float = 1e-3) -> tuple[CarrierFit, Tensor, Tensor]:
+    """Fit the carrier form to every head's content-averaged attention logit over the training window.
+
+    Each head's mean logit at distance ``d`` (:func:`head_offset_profiles` on sequences of length
+    ``2 train_len``, averaged over the last ``train_len`` queries and over content) is fitted with
+    ``sum_i r_i cos(theta_i D - phi_i)``, ``D = -d`` for ``d = 1 .. train_len - 1`` (the query's own
+    key, whose token is the query's, is left out), by
+    :func:`~lengthgen_utils.kernel.fit_carrier` with the encoding's frequencies. Under RoPE the mean
+    logit of a layer-1 head is exactly of this form (its query and key see independent tokens at
+    ``d >= 1``); deeper heads need not be, and the fit's ``r2`` says how close they come.
+
+    Args:
+        model: a RoPE :class:`~lengthgen_utils.models.Transformer` ensemble (M models).
+        task: the task whose sequences are fed.
+        train_len: the training length (the window).
+        n_samples, seed: probe sequences.
+        rcond: passed to :func:`~lengthgen_utils.kernel.fit_carrier`; combinations of frequency pairs
+            that barely turn over the window (singular values below ``rcond`` of the largest) are left out.
+
+    Returns:
+        ``(fit, logit, weight)``: the :class:`~lengthgen_utils.kernel.CarrierFit` of
+        ``N = M * n_layers * n_heads`` profiles in the order ``(model, layer, head)``, and the mean
+        logit and weight ``[M, n_layers, n_heads, train_len + 1]`` by distance ``d = 0 .. train_len``.
+
+    Raises:
+        ValueError: the model's encoding is not RoPE (its logits are not a function of the offset).
+
+    Source: chapter 7; the carrier form of chapter 4.
+    """
+    encoding = model.encoding
+    if not isinstance(encoding, RoPE):
+        raise ValueError(f"head_carriers fits a RoPE transformer's heads; this model's encoding is {encoding!r}")
+    train_len = check_int("train_len", train_len, minimum=3)
+    logit, weight = head_offset_profiles(model, task, 2 * train_len, n_samples=n_samples, seed=seed,
+                                         min_query=train_len)
+    d_head = model.config.d_head
+    window = -torch.arange(1, train_len)
+    profiles = logit[..., 1:train_len].reshape(-1, train_len - 1)
+    fit = fit_carrier(profiles, window, encoding.frequencies(d_head, 2 * train_len), rcond=rcond)
+    return fit, logit[..., : train_len + 1], weight[..., : train_len + 1]

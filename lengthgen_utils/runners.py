@@ -18,10 +18,10 @@ import torch
 
 from ._validate import check_int, check_positive_float
 from .cache import load_or_run
-from .configs import (KernelHeadConfig, RetrievalExperiment, RetrievalSweep, SnapshotSweep, TransformerExperiment,
-                      transformer_experiment)
+from .configs import (KernelHeadConfig, RecurrentExperiment, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
+                      TransformerExperiment, transformer_experiment)
 from .evaluation import (accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position)
-from .models import KernelHead, RetrievalHead, Transformer
+from .models import KernelHead, LinearRNN, RetrievalHead, Transformer
 from .positional import get_encoding, kernel_frequencies, rope_kernel_features
 from .profiles import Profile
 from .theory import (expected_squared_error, gradient_descent_kernel, log_length_scale, min_norm_interpolant,
@@ -361,6 +361,7 @@ class KernelResult:
     squared_error: torch.Tensor  # [n_seeds, len(lengths)] measured
     predicted_squared_error: torch.Tensor  # [len(lengths)] from c_gd, exact expectation
     hessian_eigenvalues: torch.Tensor  # [d_head]
+    min_norm_accuracy: torch.Tensor  # [len(lengths)] accuracy of c* itself (float64), on the same sequences
 
 
 def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=None,
@@ -382,7 +383,8 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
         device: where to train (default :func:`~lengthgen_utils.training.default_device`).
 
     Returns:
-        a :class:`KernelResult`.
+        a :class:`KernelResult`; its ``min_norm_accuracy`` is the accuracy of ``c*`` itself, evaluated
+        in float64 on the same sequences as the trained models.
 
     Raises:
         ValueError: ``exp.fixed_length`` or ``exp.min_train_len`` is set (the closed forms assume
@@ -419,8 +421,63 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
         expected_squared_error(c_gd @ rope_kernel_features(torch.arange(L) - (L - 1), exp.d_head, frequencies=theta).T,
                                exp.offset, exp.vocab_size)
         for L in lengths])
+    min_norm = KernelHead(exp.vocab_size, exp.d_head, frequencies=theta).double()  # float64: c* may be huge
+    with torch.no_grad():
+        min_norm.c.copy_(c_star[None])
+    min_norm_accuracy = accuracy_by_length(min_norm, exp.task, lengths, n_samples=exp.eval_samples)[0]
     return KernelResult(name, theta, lr, steps, payload["c"], c_gd, c_star, payload["loss_history"], lengths,
-                        payload["accuracy"], payload["squared_error"], predicted, eig)
+                        payload["accuracy"], payload["squared_error"], predicted, eig, min_norm_accuracy)
+
+
+# ---------------------------------------------------------------- a linear recurrent model (chapter 8)
+@dataclass
+class RecurrentResult:
+    """What :func:`run_recurrent` returns: model ``i`` was trained on ``experiment.tasks[i]``."""
+
+    experiment: RecurrentExperiment
+    model: LinearRNN
+    loss_history: torch.Tensor  # [steps, n_models]
+    lengths: list[int]
+    accuracy: torch.Tensor  # [n_models, len(lengths)]
+
+    def rows(self, offset: int) -> list[int]:
+        """Indices of the models trained on ``offset``."""
+        if offset not in self.experiment.offsets:
+            raise ValueError(f"offset must be one of {self.experiment.offsets}; got {offset!r}")
+        i, n = self.experiment.offsets.index(offset), self.experiment.n_seeds
+        return list(range(i * n, (i + 1) * n))
+
+
+def _linear_rnn(exp: RecurrentExperiment) -> LinearRNN:
+    return LinearRNN(exp.vocab_size, exp.d_state, exp.init_scale, n_models=exp.n_models, seeds=exp.seeds)
+
+
+def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> RecurrentResult:
+    """Train and evaluate the linear recurrent ensemble of ``exp`` (or load it from the results cache).
+
+    The models train with :func:`~lengthgen_utils.training.train` (Adam, cross-entropy at the query:
+    the single head's recipe) and are evaluated at ``exp.eval_lengths`` with
+    :func:`~lengthgen_utils.evaluation.accuracy_by_length`.
+
+    Returns:
+        a :class:`RecurrentResult` whose model lives on ``device``.
+    """
+    device = _device(device)
+    lengths = exp.eval_lengths
+
+    def compute():
+        model = _linear_rnn(exp)
+        history = train(model, exp.tasks, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
+                        train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
+                        seed=exp.data_seed, device=device, min_train_len=exp.shortest_train_len)
+        acc = accuracy_by_length(model, exp.tasks, lengths, n_samples=exp.eval_samples)
+        return _model_payload(model, history, lengths, acc)
+
+    payload, _ = load_or_run(exp, compute, cache=cache, device=device)
+    model = _linear_rnn(exp)
+    model.load_state_dict(payload["state_dict"])
+    model.to(device).eval()
+    return RecurrentResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"])
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)

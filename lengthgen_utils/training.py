@@ -274,7 +274,9 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         outputs, _ = model(tokens)
         return ensemble_squared_error(outputs, targets)
 
-    return _run_steps(model, opt, batch_loss, steps, device, progress=False)
+    # one intra-op thread on the CPU, as in train: these tensors are far too small to share out
+    with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
+        return _run_steps(model, opt, batch_loss, steps, device, progress=False)
 
 
 # --- full-sequence training (chapter 7)

@@ -22,7 +22,7 @@ from lengthgen_utils import cache as lg_cache
 from lengthgen_utils import configs, runners
 from lengthgen_utils.cache import cache_description
 from lengthgen_utils.evaluation import accuracy_by_length, token_accuracy_by_position
-from lengthgen_utils.models import KernelHead, RetrievalHead, Transformer
+from lengthgen_utils.models import KernelHead, LinearRNN, RetrievalHead, Transformer
 from lengthgen_utils.positional import apply_rope
 from lengthgen_utils.tasks import DelayedCopy, FixedOffsetRetrieval
 from lengthgen_utils.training import train, train_sequence, train_squared_loss
@@ -108,3 +108,15 @@ def test_run_retrieval_on_the_device_is_cached_apart_from_the_cpu(tmp_path):
     key_dev = lg_cache.make_key(cache_description(exp, DEVICE))
     key_cpu = lg_cache.make_key(cache_description(exp, "cpu"))
     assert (key_dev != key_cpu) == (torch.device(DEVICE).type != "cpu")
+
+
+def test_linear_rnn_trains_alike_on_both_devices():
+    probe, _ = TASK.sample(128, 40, torch.Generator().manual_seed(7))
+    runs = {}
+    for device in ("cpu", DEVICE):
+        model = LinearRNN(16, d_state=16, n_models=3)
+        history = train(model, TASK, steps=40, batch_size=64, device=device, progress=False)
+        with torch.no_grad():
+            runs[device] = (history, model(probe.to(device))[0])
+    _close(runs["cpu"][0], runs[DEVICE][0])
+    _close(runs["cpu"][1], runs[DEVICE][1], rtol=1e-2, atol=1e-3)

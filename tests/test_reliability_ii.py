@@ -207,6 +207,23 @@ LOW_PRECISION_CASES += [
     ("theory.orbit_peakiness", lambda: dataclasses.astuple(_SPEC()),
      lambda theta, r, phi: theory.orbit_peakiness(r, phi, theta)),
     ("theory.independent_log_mean_exp", lambda: (_SPEC().r,), theory.independent_log_mean_exp),
+    ("kernel.spectrum_components", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.spectrum_components(kernel.CarrierSpectrum(theta, r, phi), [-300, -3, 0])),
+    ("kernel.spectrum_kernel", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.spectrum_kernel(kernel.CarrierSpectrum(theta, r, phi), [-300, -3, 0])),
+    ("kernel.spectrum_variation", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.spectrum_variation(kernel.CarrierSpectrum(theta, r, phi), 16)),
+    ("kernel.spectrum_alignment", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.spectrum_alignment(kernel.CarrierSpectrum(theta, r, phi), 3)),
+    ("kernel.spectrum_reconstruction", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.spectrum_reconstruction(kernel.CarrierSpectrum(theta, r, phi), 16, 2)),
+    ("kernel.selection_margins", lambda: (KERNEL_ROWS,), lambda s: kernel.selection_margins(s, 3, 16)),
+    ("kernel.kernel_first_alias", lambda: (KERNEL_ROWS,), lambda s: kernel.kernel_first_alias(s, 3, 16, 3.0)),
+    ("kernel.fit_carrier", lambda: (KERNEL_ROWS[:, -16:-1],),
+     lambda p: dataclasses.astuple(kernel.fit_carrier(p, -torch.arange(15, 0, -1), _SPEC().theta))),
+    ("kernel.fitted_carrier_measures", lambda: (KERNEL_ROWS[:, -16:-1],),
+     lambda p: list(kernel.fitted_carrier_measures(kernel.fit_carrier(p, -torch.arange(15, 0, -1), _SPEC().theta),
+                                                   3).values())),
     ("theory.r_squared", lambda: (KERNEL_ROWS, KERNEL_ROWS + 0.1), theory.r_squared),
     ("theory.separation_auc", lambda: (KERNEL_ROWS[0], KERNEL_ROWS[1]), theory.separation_auc),
 ]
@@ -319,7 +336,10 @@ CONFIG_EXAMPLES = {
     "configs.TransformerExperiment": lambda: configs.TransformerExperiment(),
     "configs.SnapshotSweep": lambda: configs.SnapshotSweep(configs.RetrievalSweep(pes=("rope",), steps=10),
                                                            (5, 10), (16, 32)),
+    "configs.RecurrentExperiment": lambda: configs.RecurrentExperiment(),
     "models.RetrievalHeadConfig": lambda: models.RetrievalHeadConfig(),
+    "models.LinearRNNConfig": lambda: models.LinearRNNConfig(),
+    "positional.RotaryFrequencies": lambda: positional.RotaryFrequencies(),
     "models.TransformerConfig": lambda: models.TransformerConfig(),
     "positional.Encoding": lambda: positional.Encoding(),
     "positional.NoPE": lambda: positional.NoPE(),
@@ -333,7 +353,7 @@ CONFIG_EXAMPLES = {
     "tasks.RunningParity": lambda: tasks.RunningParity(),
     "tasks.Copy": lambda: tasks.Copy(),
 }
-NOT_CONFIGS = {"kernel.CarrierSpectrum", "kernel.CarrierMeasures"}  # measurements (tensors), never built from user values nor cached
+NOT_CONFIGS = {"kernel.CarrierSpectrum", "kernel.CarrierMeasures", "kernel.CarrierFit"}  # measurements (tensors), never built from user values nor cached
 
 
 def _list_inputs():
@@ -427,6 +447,18 @@ PER_MODEL = [
     ("kernel.mean_distractor_weight", "offset", lambda v: kernel.mean_distractor_weight(_head(), v, 8, 64), [1, 2, 3]),
     ("kernel.spectrum_measures", "offset",
      lambda v: kernel.spectrum_measures(kernel.carrier_spectrum(_head()), v, 8), [1, 2, 3]),
+    ("kernel.spectrum_alignment", "offset",
+     lambda v: kernel.spectrum_alignment(kernel.carrier_spectrum(_head()), v), [1, 2, 3]),
+    ("kernel.selection_margins", "offset", lambda v: kernel.selection_margins(KERNEL, v, 8), [1, 2, 3]),
+    ("kernel.kernel_first_alias", "offset", lambda v: kernel.kernel_first_alias(KERNEL, v, 8), [1, 2, 3]),
+    ("kernel.fitted_carrier_measures", "offset",
+     lambda v: kernel.fitted_carrier_measures(kernel.fit_carrier(KERNEL[:, -8:-1].float(), -torch.arange(7, 0, -1),
+                                                                 kernel.carrier_spectrum(_head()).theta), v),
+     [1, 2, 3]),
+    ("probes.copying_heads", "offset", lambda v: probes.copying_heads(torch.rand(M, 2, 2, 8), v), [1, 2, 3]),
+    ("models.LinearRNN", "seeds", lambda v: models.LinearRNN(n_models=M, seeds=v), [4, 5, 6]),
+    ("models.LinearRNN.forward", "tokens",
+     lambda v: models.LinearRNN(n_models=M)(torch.as_tensor(v)[:, None, None].expand(-1, 2, 8)), [0, 1, 2]),
     ("theory.long_run_slope", "offset",
      lambda v: (lambda sp: theory.long_run_slope(sp.r, sp.phi, sp.theta, v))(kernel.carrier_spectrum(_head())),
      [1, 2, 3]),
@@ -504,20 +536,22 @@ SHARED_TASK = [
 # Arguments with a per-model-sounding name that hold one value by design, and why.
 ONE_VALUE = {
     "offset": {"configs.RetrievalExperiment", "configs.RetrievalSweep.experiment", "runners.SweepResult.result",
-               "runners.OffsetSweepResult.rows", "tasks.FixedOffsetRetrieval", "tasks.DelayedCopy",
+               "runners.OffsetSweepResult.rows", "runners.RecurrentResult.rows", "tasks.FixedOffsetRetrieval", "tasks.DelayedCopy",
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",
                "widgets.RetrievalExplorer"},  # one experiment, task, closed form or control: one offset
     "seeds": {"runners.OffsetSweepResult", "runners.SnapshotResult"},  # a result's record, filled by the runner
-    "task": {"configs.TransformerExperiment", "tasks.shared_task"},  # one experiment / the check itself: one task
-    "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "tasks.Task.targets",
+    # the weights of spectrum_alignment are a [N, P] matrix checked by shape against the spectrum's rows
+    "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers"},  # one experiment / the check itself: one task
+    "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
                "tasks.batch_targets", "tasks.query_targets"},  # [B, L] shared by every model
-    "weights": {"kernel.participation_ratio"},  # any non-negative weights, no model dimension assumed
+    "weights": {"kernel.participation_ratio", "kernel.spectrum_alignment"},  # any non-negative weights, no model dimension assumed
     # a null's seed (one random stream for every draw), per-head labels and margins of figures whose length
     # defines M, and a result's record filled by the runner
     "seed": {"evaluation.accuracy_by_length", "evaluation.squared_error_by_length",
              "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
-             "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases"},
+             "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
+             "evaluation.lag_agreement", "probes.head_carriers"},
     "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap",
                "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel

@@ -1,0 +1,117 @@
+"""Chapter 8: the linear recurrent model (against its own step-by-step recurrence), its experiment and
+runner, and the lag-agreement diagnostic of the RASP-L contrast."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lengthgen_utils.configs import RecurrentExperiment
+from lengthgen_utils.evaluation import accuracy_by_length, lag_agreement
+from lengthgen_utils.models import LinearRNN
+from lengthgen_utils.runners import run_recurrent
+from lengthgen_utils.tasks import Copy, DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.training import train
+
+
+def test_the_kernel_readout_is_the_recurrence():
+    model = LinearRNN(16, d_state=8, init_scale=0.7, n_models=3).double()
+    tokens = torch.randint(0, 17, (5, 13), generator=torch.Generator().manual_seed(0))
+    logits, norms = model(tokens)
+    reference = torch.einsum("mvn,mbn->mbv", model.C, model.states(tokens))  # C h_{L-1}, step by step
+    torch.testing.assert_close(logits, reference)
+    assert norms.shape == (3, 13)
+    torch.testing.assert_close(norms, model.kernel_norm(13).to(norms))  # column d: ||C A^d B||
+    per_model = tokens.expand(3, 5, 13)
+    torch.testing.assert_close(model(per_model)[0], logits)  # the [M, B, L] path agrees
+
+
+def test_kernel_is_c_a_power_d_b():
+    model = LinearRNN(4, d_state=3, init_scale=0.5, n_models=2).double()
+    K = model.kernel(4)
+    for d in range(4):
+        torch.testing.assert_close(K[:, d], model.C @ torch.linalg.matrix_power(model.A, d) @ model.B)
+    assert torch.allclose(model.spectral_radius(), torch.linalg.eigvals(model.A.detach()).abs().max(-1).values)
+
+
+def test_an_unstable_recurrence_refuses_instead_of_returning_inf():
+    model = LinearRNN(16, d_state=4, n_models=1)
+    with torch.no_grad():
+        model.A.copy_(torch.eye(4)[None] * 3.0)
+    with pytest.raises(ValueError, match="overflows"):
+        model(torch.zeros(1, 200, dtype=torch.long))
+    model(torch.zeros(1, 20, dtype=torch.long))  # fine where it does not overflow
+
+
+def test_bad_input_is_refused():
+    model = LinearRNN(16, n_models=2)
+    with pytest.raises(ValueError, match="no positions"):
+        model(torch.zeros(1, 5, dtype=torch.long), positions=torch.arange(5))
+    with pytest.raises(ValueError, match="tokens must lie"):
+        model(torch.full((1, 5), 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="d_state"):
+        LinearRNN(16, d_state=0)
+    with pytest.raises(ValueError, match="init_scale"):
+        LinearRNN(16, init_scale=-1.0)
+
+
+def test_ensemble_member_equals_the_model_trained_alone():
+    tasks = [FixedOffsetRetrieval(8, 1), FixedOffsetRetrieval(8, 2)]
+    both = LinearRNN(8, d_state=6, n_models=2, seeds=[3, 4])
+    train(both, tasks, steps=6, batch_size=16, train_len=8, min_train_len=4, device="cpu")
+    alone = LinearRNN(8, d_state=6, n_models=1, seeds=[4])
+    train(alone, tasks[1], steps=6, batch_size=16, train_len=8, min_train_len=4, device="cpu")
+    for (name, p_both), (_, p_alone) in zip(both.named_parameters(), alone.named_parameters()):
+        torch.testing.assert_close(p_both[1:], p_alone, rtol=1e-5, atol=1e-6, msg=name)
+    copy = both.subset([1])
+    torch.testing.assert_close(copy.A, alone.A, rtol=1e-5, atol=1e-6)
+
+
+def test_a_trained_recurrent_model_learns_and_keeps_the_offset(tmp_path):
+    exp = RecurrentExperiment(offsets=(1, 2), n_seeds=2, steps=300, batch_size=64, vocab_size=8, train_len=8,
+                              d_state=16, eval_samples=256, length_multiples=(1, 4))
+    result = run_recurrent(exp, cache=tmp_path, device="cpu")
+    assert result.accuracy.shape == (4, 2) and result.rows(2) == [2, 3]
+    assert (result.accuracy >= 0.95).all(), result.accuracy
+    again = run_recurrent(exp, cache=tmp_path, device="cpu")  # loaded from the cache: the same model
+    torch.testing.assert_close(again.model.A, result.model.A)
+    torch.testing.assert_close(accuracy_by_length(again.model, exp.tasks, [8, 32], n_samples=256), result.accuracy)
+    with pytest.raises(ValueError, match="offset must be one of"):
+        result.rows(3)
+
+
+def test_recurrent_experiment_validates():
+    with pytest.raises(ValueError, match="distinct"):
+        RecurrentExperiment(offsets=(1, 1))
+    with pytest.raises(ValueError, match="train_len"):
+        RecurrentExperiment(offsets=(1, 20))
+    exp = RecurrentExperiment(offsets=[1, 3], n_seeds=2)
+    assert exp.offsets == (1, 3) and exp.n_models == 4 and exp.seeds == [0, 1, 0, 1]
+    assert [t.offset for t in exp.tasks] == [1, 1, 3, 3] and exp.shortest_train_len == 5
+    assert hash(exp) != hash(RecurrentExperiment(offsets=(1, 3), n_seeds=2, d_state=8))
+
+
+class _ReadsBack(nn.Module):
+    """A stand-in sequence model whose prediction at t is the token ``lag`` back (a perfect fixed-offset rule)."""
+
+    def __init__(self, lag, n_tokens):
+        super().__init__()
+        self.lag, self.n_tokens = lag, n_tokens
+        self.dummy = nn.Parameter(torch.zeros(2, 1))
+
+    @property
+    def device(self):
+        return self.dummy.device
+
+    def forward(self, tokens, validate=True):
+        shifted = torch.roll(tokens, self.lag, dims=-1)
+        return F.one_hot(shifted, self.n_tokens).float()[None].expand(2, -1, -1, -1)
+
+
+def test_lag_agreement_finds_the_offset_a_model_reads_from():
+    model = _ReadsBack(16, 17)
+    torch.testing.assert_close(lag_agreement(model, Copy(16), 65, lag=16, min_position=33),
+                               torch.ones(2, dtype=torch.float64))
+    other = lag_agreement(model, Copy(16), 65, lag=32, min_position=33)
+    assert (other < 0.2).all()  # the task's own offset: chance-level agreement (repeated tokens aside)
+    with pytest.raises(ValueError, match="no scored position"):
+        lag_agreement(model, DelayedCopy(16, 1), 8, lag=3, min_position=8)

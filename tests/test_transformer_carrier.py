@@ -1,0 +1,118 @@
+"""Chapter 7's carrier fit: the carrier form fitted to measured offset profiles, its measures (the same
+definitions as chapter 4's, checked against them), aliases of a measured kernel, and the transformer probes."""
+import math
+
+import pytest
+import torch
+
+from lengthgen_utils import kernel
+from lengthgen_utils.kernel import CarrierSpectrum, fit_carrier, fitted_carrier_measures
+from lengthgen_utils.models import RetrievalHead, Transformer
+from lengthgen_utils.positional import RoPE, RotaryFrequencies
+from lengthgen_utils.probes import copying_heads, head_carriers
+from lengthgen_utils.tasks import DelayedCopy
+
+
+def spectrum(r, phi, theta):
+    return CarrierSpectrum(torch.tensor(theta, dtype=torch.float64), torch.tensor(r, dtype=torch.float64),
+                           torch.tensor(phi, dtype=torch.float64))
+
+
+def test_fit_recovers_a_known_carrier_exactly():
+    theta = [2.5, 1.7, 0.9, 0.4]
+    truth = spectrum([[1.0, 0.5, 2.0, 0.3], [0.2, 1.5, 0.1, 0.7]], [[0.3, -2.0, 1.0, 3.0], [2.0, 0.1, -1.2, 0.4]], theta)
+    window = -torch.arange(1, 25)
+    profile = kernel.spectrum_kernel(truth, window)
+    fit = fit_carrier(profile, window, theta)
+    torch.testing.assert_close(fit.spectrum.r, truth.r)
+    torch.testing.assert_close(torch.cos(fit.spectrum.phi - truth.phi), torch.ones(2, 4, dtype=torch.float64))
+    torch.testing.assert_close(fit.r2, torch.ones(2, dtype=torch.float64))
+    assert torch.equal(fit.window, window)
+
+
+def test_fit_of_noise_explains_little_and_keeps_amplitudes_bounded():
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(50, 31, generator=gen, dtype=torch.float64)
+    fit = fit_carrier(noise, -torch.arange(1, 32), RoPE().frequencies(16, 32))
+    assert (fit.r2 < 0.8).all() and (fit.r2 >= 0).all()
+    assert fit.spectrum.r.max() < 100  # the ill-determined slow pairs do not blow up (rcond)
+
+
+def test_fit_validates():
+    w = -torch.arange(1, 10)
+    with pytest.raises(ValueError, match="profile must be a tensor"):
+        fit_carrier(torch.zeros(2, 8), w, [1.0, 0.5])
+    short = fit_carrier(torch.randn(1, 9, dtype=torch.float64), w, [1.0, 0.5, 0.3, 0.2, 0.1], rcond=1e-12)
+    torch.testing.assert_close(short.r2, torch.ones(1, dtype=torch.float64))  # underdetermined: an exact fit
+    with pytest.raises(ValueError, match="finite"):
+        fit_carrier(torch.full((1, 9), float("nan")), w, [1.0])
+    with pytest.raises(ValueError, match="constant"):
+        fit_carrier(torch.ones(1, 9), w, [1.0])
+    with pytest.raises(ValueError, match="distinct"):
+        fit_carrier(torch.randn(1, 9), torch.tensor([-1] * 9), [1.0])
+    with pytest.raises(TypeError):
+        fit_carrier(torch.randn(1, 9), torch.linspace(-9, -1, 9), [1.0])
+
+
+def test_fitted_measures_are_chapter_4s_measures():
+    """Consistency: fit a position-only head's own kernel (frequencies that a 40-offset window identifies)
+    and the spectrum measures equal the model measures read from the weights."""
+    model = RetrievalHead(pe=RotaryFrequencies(), n_models=4)
+    window = -torch.arange(1, 41)
+    fit = fit_carrier(kernel.kernel_at(model, window), window, RotaryFrequencies().frequencies(16, 1))
+    exact = kernel.carrier_spectrum(model)
+    torch.testing.assert_close(fit.spectrum.r, exact.r, rtol=1e-5, atol=1e-7)
+    offsets = [1, 2, 3, 5]
+    torch.testing.assert_close(kernel.spectrum_alignment(fit.spectrum, offsets), kernel.carrier_alignment(model, offsets),
+                               rtol=1e-5, atol=1e-6)
+    train_window = kernel.relative_positions(16)
+    variation = kernel.spectrum_variation(fit.spectrum, train_window)
+    torch.testing.assert_close(variation, kernel.variation_weights(model, 16), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(kernel.spectrum_alignment(fit.spectrum, offsets, variation),
+                               kernel.carrier_alignment(model, offsets, 16), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kernel.spectrum_reconstruction(fit.spectrum, train_window, 2),
+                               kernel.kernel_reconstruction(model, 16, 2), rtol=1e-5, atol=1e-6)
+    measures = fitted_carrier_measures(fit, 3)
+    assert set(measures) == {"C raw", "C variation", "PR amplitude", "PR variation", "top-2 kept", "peak z"}
+    assert all(v.shape == (4,) for v in measures.values())
+    torch.testing.assert_close(measures["PR amplitude"], kernel.participation_ratio(exact.r), rtol=1e-5, atol=1e-6)
+
+
+def test_a_matched_carrier_is_aligned_and_a_shifted_one_is_not():
+    theta = [1.0, 0.5, 0.25]
+    matched = spectrum([[1.0, 1.0, 1.0]], [[-1.0 * 3, -0.5 * 3, -0.25 * 3]], theta)  # cos(theta (D + 3))
+    assert kernel.spectrum_alignment(matched, 3).item() == pytest.approx(1.0)
+    opposite = spectrum([[1.0, 1.0, 1.0]], [[-3.0 + math.pi, -1.5 + math.pi, -0.75 + math.pi]], theta)
+    assert kernel.spectrum_alignment(opposite, 3).item() == pytest.approx(-1.0)
+
+
+def test_kernel_first_alias_on_a_hand_made_kernel():
+    by_distance = torch.tensor([[0.0, 1.0, 5.0, 2.0, 3.0, 4.5, 6.0, float("nan")]])  # s(-d), d = 0..7
+    row = by_distance.flip(1)
+    assert kernel.kernel_first_alias(row, 2, min_distance=3) == [5]  # 4.5 >= 5 - 1
+    assert kernel.kernel_first_alias(row, 2, min_distance=3, tolerance=0.0) == [6]
+    assert kernel.kernel_first_alias(row[:, 2:], 2, min_distance=3, tolerance=0.0) == [None]
+    with pytest.raises(ValueError, match="min_distance"):
+        kernel.kernel_first_alias(row, 2, min_distance=2)
+
+
+def test_copying_heads_picks_the_most_weight_at_the_offset():
+    weight = torch.zeros(2, 2, 3, 10)
+    weight[0, 1, 2, 4] = 0.9
+    weight[1, 0, 1, 4] = 0.5
+    weight[1, 1, 0, 5] = 0.99  # most weight, but not at d = 4
+    assert copying_heads(weight, 4).tolist() == [1 * 3 + 2, 0 * 3 + 1]
+    assert copying_heads(weight, [4, 5]).tolist() == [5, 3]
+    with pytest.raises(ValueError, match="weight must be"):
+        copying_heads(weight[0], 4)
+
+
+def test_head_carriers_fits_every_head_of_a_rope_transformer_and_refuses_others():
+    model = Transformer(16, 2, 2, 32, "rope", max_len=64, n_models=2)
+    fit, logit, weight = head_carriers(model, DelayedCopy(16, 3), train_len=16, n_samples=4)
+    assert fit.spectrum.r.shape == (2 * 2 * 2, 8) and fit.window.tolist() == list(range(-1, -16, -1))
+    assert logit.shape == weight.shape == (2, 2, 2, 17)
+    assert ((fit.r2 >= 0) & (fit.r2 <= 1 + 1e-9)).all()
+    torch.testing.assert_close(weight.sum(-1) <= 1 + 1e-6, torch.ones(2, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="RoPE transformer"):
+        head_carriers(Transformer(16, 1, 2, 32, "ape", max_len=64), DelayedCopy(16, 3), train_len=16)
