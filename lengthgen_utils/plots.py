@@ -1049,48 +1049,56 @@ def encoding_panels(curves: dict, attention, train_len: int, target: int, chance
     fig.update_yaxes(title="accuracy (fraction)", range=[-0.02, 1.05], row=1, col=1)
     fig.update_xaxes(title="key position (tokens; gray = training)", range=[-1, attention.shape[1]], row=1, col=2)
     fig.update_yaxes(title="attention weight", range=[-0.02, 1.05], row=1, col=2)
-    fig.update_layout(title=title, height=FIGURE_HEIGHT + 60, margin=dict(t=110, b=130),
-                      legend=dict(orientation="h", x=0.0, xanchor="left", y=-0.28, yanchor="top"))
+    fig.update_layout(title=title, height=FIGURE_HEIGHT + 60, margin=dict(t=150, b=70),
+                      legend=dict(orientation="h", x=0.0, xanchor="left", y=1.13, yanchor="bottom"))
     return fig
 
 
 def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str) -> go.Figure:
-    """The trained query's logit at each offset minus its logit at the target offset, one curve per encoding.
+    """The trained query's logit at each offset minus its logit at the target offset: one panel per encoding.
+
+    The encodings' margins differ by orders of magnitude, so each panel has its own y axis.
 
     Args:
         curves: ``{encoding (or name): margins [n_seeds, L]}``, column ``j`` at offset ``D = j - (L-1)``
             (e.g. :func:`lengthgen_utils.zoo.offset_margins`); drawn as the mean with a min..max band.
         train_len: the offsets the training sequences contained, ``-(train_len-1) .. 0``, are shaded.
-        offset: the target offset k (its margin is 0 by construction).
+        offset: the target offset k (its margin is 0 by construction; a dotted line).
         title: figure title.
 
     Returns:
-        a plotly ``Figure``: x = offset D (tokens), y = margin (logit units); a key above 0 beats the target.
+        a plotly ``Figure`` with two panels per row: x = offset D (tokens), y = margin (logit units); a key
+        above the zero line beats the target.
 
     Raises:
         ValueError: ``curves`` is empty or an array is not 2-D.
     """
+    from plotly.subplots import make_subplots
+
     _check_panels(curves, "curves")
-    fig = go.Figure()
+    n_rows = (len(curves) + 1) // 2
+    fig = make_subplots(rows=n_rows, cols=2, subplot_titles=[_label(n) for n in curves],
+                        horizontal_spacing=0.12, vertical_spacing=0.5 / n_rows)
     for i, (name, margins) in enumerate(curves.items()):
         m = np.asarray(margins, dtype=float)
         if m.ndim != 2:
             raise ValueError(f"margins for {name!r} must be [n_seeds, L]; got shape {m.shape}")
+        row, col = i // 2 + 1, i % 2 + 1
         d = np.arange(-(m.shape[1] - 1), 1)
         color = _color(name, i)
         fig.add_trace(go.Scatter(x=np.concatenate([d, d[::-1]]), y=np.concatenate([m.max(0), m.min(0)[::-1]]),
-                                 mode="lines", fill="toself", fillcolor=_rgba(color, 0.15), line=dict(width=0),
-                                 hoverinfo="skip", showlegend=False, legendgroup=_label(name)))
-        fig.add_trace(go.Scatter(x=d, y=m.mean(0), mode="lines", name=f"{_label(name)} (mean of {m.shape[0]})",
-                                 line=dict(color=color, width=2), legendgroup=_label(name),
-                                 hovertemplate="D=%{x}: margin %{y:.2f}<extra></extra>"))
-    fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="trained offsets", annotation_position="top left")
-    fig.add_vline(x=-offset, line=dict(color="black", dash="dot", width=1))
-    fig.add_hline(y=0, line=dict(color="black", width=1))
-    fig.update_layout(title=title, **_LEGEND_BELOW)
-    fig.update_xaxes(title="offset D = key position - query position (tokens)")
-    fig.update_yaxes(title="logit at D minus logit at -k (logit units)")
+                                 mode="lines", fill="toself", fillcolor=_rgba(color, 0.2), line=dict(width=0),
+                                 hoverinfo="skip", showlegend=False), row=row, col=col)
+        fig.add_trace(go.Scatter(x=d, y=m.mean(0), mode="lines", showlegend=False, line=dict(color=color, width=1.5),
+                                 hovertemplate=f"{_label(name)}, " + "D=%{x}: margin %{y:.2f}<extra></extra>"),
+                      row=row, col=col)
+        fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.15, line_width=0,
+                      row=row, col=col)
+        fig.add_vline(x=-offset, line=dict(color="black", dash="dot", width=1), row=row, col=col)
+        fig.add_hline(y=0, line=dict(color="black", width=1), row=row, col=col)
+        fig.update_xaxes(title="offset D (tokens)" if row == n_rows else None, row=row, col=col)
+        fig.update_yaxes(title="margin (logits)" if col == 1 else None, row=row, col=col)
+    fig.update_layout(title=title, height=150 + 210 * n_rows, margin=dict(t=110))
     return fig
 
 
@@ -1117,9 +1125,9 @@ def violations_by_encoding(values: dict, tolerance: float, title: str, floor: fl
                                              line=dict(width=2, color=[_color(n, i) for i, n in enumerate(names)])),
                                  customdata=xs, hovertemplate="%{y}, " + kind + ": %{customdata:.2e}<extra></extra>"))
     fig.add_vline(x=tolerance, line=dict(color="black", dash="dash", width=1),
-                  annotation_text=f"{tolerance:g}", annotation_position="top")
+                  annotation_text=f"tolerance {tolerance:g}", annotation_position="top")
     fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 140 + 32 * len(names)), margin=dict(l=230))
-    fig.update_xaxes(title=f"max |logit(shift) − logit(0)| (logit units, log scale; 0 drawn at {floor:g})",
+    fig.update_xaxes(title=f"max |Δ logit| (log scale; 0 drawn at {floor:g})",
                      type="log", exponentformat="power")
     fig.update_yaxes(autorange="reversed")
     return fig

@@ -423,20 +423,23 @@ def summary_rows(retrieval: dict, copy: dict, violations: dict | None = None,
 
 def summary_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells (strings) of the chapter's summary table, from :func:`summary_rows`."""
-    header = (["encoding", "relative by construction"]
-              + [f"retrieval {m}x" for m in RETRIEVAL_MULTIPLES] + [f"delayed copy {m}x" for m in COPY_MULTIPLES]
-              + ["retrieval argmax: offset/pinned/elsewhere", "copy head: offset/pinned/elsewhere",
-                 "shift violation, random", "shift violation, trained"])
+    header = ["encoding", "relative by construction",
+              "retrieval " + " / ".join(f"{m}x" for m in RETRIEVAL_MULTIPLES),
+              "delayed copy " + " / ".join(f"{m}x" for m in COPY_MULTIPLES),
+              "retrieval argmax: offset / pinned / elsewhere", "copying head: offset / pinned / elsewhere",
+              "shift violation: random head, trained"]
 
-    def acc(x):
-        return "not run" if x is None else f"{x:.2f}"
+    def accuracies(values: dict) -> str:
+        if any(v is None for v in values.values()):
+            return "not run"
+        return "/".join(f"{v:.2f}" for v in values.values())
+
+    def violation(x: float) -> str:
+        return f"{x:.0e}" if x > 0 else "0"
 
     cells = []
     for r in rows:
-        cells.append([r["encoding"], "yes" if r["relative"] else "no"]
-                     + [acc(r["retrieval"][m]) for m in RETRIEVAL_MULTIPLES]
-                     + [acc(r["copy"][m]) for m in COPY_MULTIPLES]
-                     + [r["placement"], r["copy_placement"] or "not run",
-                        f"{r['shift_random']:.1e}", f"{r['shift_trained']:.1e}"])
+        cells.append([r["encoding"], "yes" if r["relative"] else "no", accuracies(r["retrieval"]),
+                      accuracies(r["copy"]), r["placement"], r["copy_placement"] or "not run",
+                      f"{violation(r['shift_random'])}, {violation(r['shift_trained'])}"])
     return header, cells
-
