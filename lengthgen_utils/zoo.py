@@ -434,8 +434,8 @@ def summary_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             return "not run"
         return "/".join(f"{v:.2f}" for v in values.values())
 
-    def violation(x: float) -> str:
-        return f"{x:.0e}" if x > 0 else "0"
+    def violation(x: float) -> str:  # a minus sign, not a hyphen: the cell never breaks inside a number
+        return f"{x:.0e}".replace("-", "\u2212") if x > 0 else "0"
 
     cells = []
     for r in rows:
