@@ -14,6 +14,7 @@ Data flows one way::
   models (equivariance, pinning, head profiles); closed forms (dilution, frequency orbits, min-norm interpolant);
 * ``configs`` / ``profiles`` / ``runners`` / ``cache``: experiments as frozen dataclasses, the compute
   profiles, the functions that run an experiment through the results cache;
+* ``zoo``: every position encoding through the same tasks and probes (chapter 9), over the runners;
 * ``plots`` / ``widgets``: plotly figures and ipywidgets panels (the only modules that import them).
 
 The book's appendix "How the package is built" draws the same map and gives the recipes for

@@ -643,11 +643,14 @@ class Transformer(EnsembleModel):
         q, k, v = qkv.view(m, b, seq_len, 3, self.n_heads, self.config.d_head).permute(3, 0, 1, 4, 2, 5)
         return self.encoding.rotate(q, positions), self.encoding.rotate(k, positions), v
 
-    def _run(self, tokens: Tensor, position_shift: int, collect: str | None, validate: bool = True):
-        """Run every block; ``collect`` in {None, "weights", "scores"} picks what to return per layer."""
+    def _run(self, tokens: Tensor, position_shift: int, collect: str | None, validate: bool = True,
+             positions: Tensor | None = None):
+        """Run every block; ``collect`` in {None, "weights", "scores"} picks what to return per layer.
+
+        ``positions [L]`` replaces ``shift .. shift + L - 1`` (e.g. the randomised positions of training)."""
         _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
         b, seq_len = tokens.shape
-        positions = _positions(seq_len, position_shift)
+        positions = _positions(seq_len, position_shift, positions)
         self.check_positions(positions)
         idx = torch.arange(self.n_models, device=self.device)[:, None, None]
         x = self.embed[idx, tokens[None]]  # [M, B, L, d]
@@ -677,8 +680,14 @@ class Transformer(EnsembleModel):
         return logits, collected
 
     def forward(self, tokens: Tensor, position_shift: int = 0, return_attention: bool = False,
-                validate: bool = True):
-        logits, weights = self._run(tokens, position_shift, "weights" if return_attention else None, validate)
+                validate: bool = True, positions: Tensor | None = None):
+        """Logits ``[M, B, L, V]`` (and per-layer attention weights with ``return_attention``).
+
+        ``positions [L]`` (integers) replaces the positions ``shift .. shift + L - 1``, as in
+        :meth:`RetrievalHead.forward`; the training loop passes the encoding's ``train_positions``.
+        """
+        logits, weights = self._run(tokens, position_shift, "weights" if return_attention else None, validate,
+                                    positions)
         return (logits, weights) if return_attention else logits
 
     @torch.no_grad()

@@ -31,13 +31,15 @@ and Llama); the **interleaved** pairing (channels ``2i`` and ``2i+1``, as in
 RoFormer and ``rotary-embedding-torch``) is ``RoPE(interleaved=True)``. The two
 give the same scores up to a fixed permutation of channels.
 
-Sources: Su et al. 2021, *RoFormer* (RoPE, eq. 13-15, 34); Vaswani et al. 2017 and
-Gehring et al. 2017 (learned absolute positions); Kazemnejad et al. 2023 (NoPE).
+Sources: Su et al. 2021, *RoFormer* (RoPE, eq. 13-15, 34); Vaswani et al. 2017 (sinusoidal and
+learned absolute positions) and Gehring et al. 2017; Kazemnejad et al. 2023 (NoPE); Press et al. 2022
+(ALiBi); Raffel et al. 2020 (T5's bucketed relative bias); Ruoss et al. 2023 (randomised positions);
+Chen et al. 2023 (position interpolation) and Peng et al. 2024 (NTK-aware scaling). Each class names its own.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import ClassVar
 
@@ -368,8 +370,12 @@ def encoding_names() -> tuple[str, ...]:
     return tuple(ENCODINGS)
 
 
-def get_encoding(spec) -> "Encoding":
+def get_encoding(spec, name: str = "pe") -> "Encoding":
     """The encoding ``spec`` names: an :class:`Encoding` instance is returned as is, a name gives its default.
+
+    Args:
+        spec: an Encoding, or a registered name.
+        name: the argument's name in error messages (e.g. ``"base"`` for a wrapper's base encoding).
 
     Raises:
         TypeError: ``spec`` is neither an ``Encoding`` nor a string.
@@ -378,10 +384,10 @@ def get_encoding(spec) -> "Encoding":
     if isinstance(spec, Encoding):
         return spec
     if not isinstance(spec, str):
-        raise TypeError(f"pe must be an Encoding or one of the names {encoding_names()}; "
+        raise TypeError(f"{name} must be an Encoding or one of the names {encoding_names()}; "
                         f"got {type(spec).__name__} {spec!r}")
     if spec not in ENCODINGS:
-        raise ValueError(f"pe={spec!r} is not a registered position encoding; the registered ones are "
+        raise ValueError(f"{name}={spec!r} is not a registered position encoding; the registered ones are "
                          f"{encoding_names()}")
     return ENCODINGS[spec]()
 
@@ -489,14 +495,7 @@ class LearnedAPE(Encoding):
         return {"table": table}
 
     def check_positions(self, positions: Tensor, max_len: int) -> None:
-        _check_positions(positions)
-        if positions.numel() == 0:
-            return
-        lo, hi = int(positions.min()), int(positions.max())
-        if lo < 0 or hi >= max_len:
-            raise ValueError(
-                f"the APE table has {max_len} rows (positions 0..{max_len - 1}); asked for positions "
-                f"{lo}..{hi} (sequence length {hi + 1}). Build the model with max_len >= {hi + 1}.")
+        _check_table_positions(positions, max_len, "APE table")
 
     def embed(self, params, positions: Tensor) -> Tensor:
         table = params["table"]
@@ -691,3 +690,385 @@ def _is_range(positions: Tensor) -> bool:
 def encoding_fields(encoding: Encoding) -> dict:
     """The dataclass fields of an encoding (its settings), e.g. for a table or a cache description."""
     return {f.name: getattr(encoding, f.name) for f in fields(encoding)}
+
+
+def _check_table_positions(positions: Tensor, max_len: int, table: str) -> None:
+    """Raise ``ValueError`` unless every position has a row in a ``max_len``-row ``table`` (no clamping or wrapping)."""
+    _check_positions(positions)
+    if positions.numel() == 0:
+        return
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= max_len:
+        raise ValueError(
+            f"the {table} has {max_len} rows (positions 0..{max_len - 1}); asked for positions "
+            f"{lo}..{hi} (sequence length {hi + 1}). Build the model with max_len >= {hi + 1}.")
+
+
+# ---------------------------------------------------------------- the zoo (chapter 9): more encodings, one class each
+@register
+@dataclass(frozen=True)
+class NoPEBOS(Encoding):
+    """NoPE plus a distinct beginning-of-sequence signal: a learned vector ``b`` added at absolute position 0 only.
+
+    Every other position gets nothing, so the causal mask and this one marked position are the model's only
+    clues to order. It is the smallest absolute encoding there is, a one-row learned table, and it stands for
+    the BOS token a NoPE model is usually given: with every training and test sequence starting at position 0
+    the two are the same signal (a learned vector on the first token). They differ only under a global shift
+    of positions: the marker stays at position 0 and so leaves a shifted sequence, where a BOS token would move
+    with it. Either way the logit is not a function of the offset alone (the marked key is special), so
+    ``relative`` is False.
+
+    Args:
+        init_std: standard deviation of the initial ``b``, >= 0 (0.02, as an APE row).
+
+    Parameters: ``bos [M, d_model]``.
+
+    Source: Kazemnejad et al. 2023 (NoPE with a BOS token; their construction of absolute positions from the
+    causal mask uses it); the marker as a one-row table follows Gehring et al. 2017.
+    """
+
+    init_std: float = 0.02
+    name: ClassVar[str] = "nope_bos"
+    color: ClassVar[str] = "#bcbd22"
+
+    def __post_init__(self):
+        check_positive_float("init_std", self.init_std, allow_zero=True)
+
+    @property
+    def label(self) -> str:
+        return "NoPE + BOS"
+
+    def init_parameters(self, n_models, d_model, max_len, n_heads, generators) -> dict:
+        bos = torch.empty(n_models, d_model)
+        for i in range(n_models):
+            bos[i].normal_(0.0, self.init_std, generator=generators[i] if generators is not None else None)
+        return {"bos": bos}
+
+    def check_positions(self, positions: Tensor, max_len: int) -> None:
+        _check_positions(positions)
+
+    def embed(self, params, positions: Tensor) -> Tensor:
+        bos = params["bos"]  # [M, d_model]
+        self.check_positions(positions, 0)
+        first = (positions == 0).to(device=bos.device, dtype=bos.dtype)  # [L]: 1 at absolute position 0
+        return first[None, :, None] * bos[:, None, :]  # [M, L, d_model]
+
+
+def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
+    """The fixed sinusoidal position vectors ``PE(t, 2i) = sin(t w_i)``, ``PE(t, 2i+1) = cos(t w_i)``.
+
+    ``w_i = base ** (-2i / d_model)`` (radians per position), channels interleaved sin, cos as in the paper;
+    for an odd ``d_model`` the last channel is the sine of one more frequency.
+
+    Args:
+        positions: integer tensor ``[P]`` (any integers).
+        d_model: width, >= 1.
+        base: the wavelength scale (10000 in the paper), > 1.
+
+    Returns:
+        float64 tensor ``[P, d_model]``.
+
+    Raises:
+        TypeError / ValueError: non-integer positions, ``d_model < 1`` or ``base <= 1``.
+
+    Source: Vaswani et al. 2017, *Attention Is All You Need*, section 3.5.
+    """
+    _check_positions(positions)
+    d_model = check_int("d_model", d_model, minimum=1)
+    base = check_rope_base("base", base)
+    w = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # [ceil(d/2)]
+    angles = positions.to(torch.float64)[:, None] * w  # [P, ceil(d/2)]
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[:, :d_model]
+
+
+@register
+@dataclass(frozen=True)
+class SinusoidalAPE(Encoding):
+    """Fixed sinusoidal absolute positions added to the residual stream (:func:`sinusoidal_table`).
+
+    Nothing is learned: the table is computed in closed form by ``init_parameters`` (one copy per model, so it
+    moves to the model's device and is saved with it) and read *detached* by ``embed``, so it never receives a
+    gradient and the optimiser leaves it exactly as computed. The table has ``max_len`` rows: a position beyond
+    it raises ``ValueError``, as for :class:`LearnedAPE`. Every position has its own vector, so the logit
+    depends on absolute positions (``relative`` is False), even though ``PE(t + k)`` is a fixed rotation of
+    ``PE(t)`` (the paper's motivation): the cross terms between the vector and the rest of the residual stream
+    are not rotated.
+
+    Args:
+        base: the wavelength scale, > 1 (10000 in the paper).
+
+    Parameters: ``sinusoid [M, max_len, d_model]`` (fixed).
+
+    Source: Vaswani et al. 2017, *Attention Is All You Need*, section 3.5.
+    """
+
+    base: float = 10000.0
+    name: ClassVar[str] = "sinusoidal"
+    color: ClassVar[str] = "#ff7f0e"
+
+    def __post_init__(self):
+        object.__setattr__(self, "base", check_rope_base("base", self.base))
+
+    @property
+    def label(self) -> str:
+        return "sinusoidal APE"
+
+    def init_parameters(self, n_models, d_model, max_len, n_heads, generators) -> dict:
+        table = sinusoidal_table(torch.arange(max_len), d_model, self.base).float()
+        return {"sinusoid": table[None].repeat(n_models, 1, 1)}
+
+    def check_positions(self, positions: Tensor, max_len: int) -> None:
+        _check_table_positions(positions, max_len, "sinusoidal table")
+
+    def embed(self, params, positions: Tensor) -> Tensor:
+        table = params["sinusoid"].detach()  # fixed: no gradient, so no optimiser step ever moves it
+        self.check_positions(positions, table.shape[1])
+        return table[:, positions.to(table.device)]
+
+
+def t5_relative_buckets(relative_positions: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """T5's bucket of each relative position ``D = j - i`` in a causal (decoder) model.
+
+    The distance ``d = max(-D, 0)`` (keys after the query share bucket 0; a causal mask hides them) has a bucket
+    of its own while ``d < num_buckets // 2``; larger distances share logarithmically wider buckets up to
+    ``max_distance``, and every ``d >= max_distance`` falls in the last bucket ``num_buckets - 1``.
+
+    Args:
+        relative_positions: integer tensor of any shape (``D = key position - query position``).
+        num_buckets: buckets, >= 2 (32 in T5).
+        max_distance: the distance from which all keys share the last bucket, > ``num_buckets // 2`` (128 in T5).
+
+    Returns:
+        LongTensor of the same shape, values in ``0 .. num_buckets - 1``.
+
+    Raises:
+        TypeError / ValueError: non-integer positions, or sizes out of range.
+
+    Source: Raffel et al. 2020, *Exploring the Limits of Transfer Learning with a Unified Text-to-Text
+    Transformer* (T5), section 2.1, and its reference implementation (``_relative_position_bucket``,
+    ``bidirectional=False``).
+    """
+    _check_positions(relative_positions)
+    num_buckets = check_int("num_buckets", num_buckets, minimum=2)
+    max_exact = num_buckets // 2
+    max_distance = check_int("max_distance", max_distance, minimum=max_exact + 1)
+    d = (-relative_positions.long()).clamp(min=0)  # distance back; keys after the query: 0 (masked anyway)
+    log_ratio = torch.log(d.clamp(min=1).to(torch.float64) / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return torch.where(d < max_exact, d, large)
+
+
+@register
+@dataclass(frozen=True)
+class T5Bias(Encoding):
+    """T5's relative position bias: a learned scalar per head and distance bucket, added to the logits.
+
+    Head ``h`` adds ``B[h, bucket(j - i)]`` to the logit of query ``i`` and key ``j``
+    (:func:`t5_relative_buckets`): the bias depends on ``j - i`` alone, so the encoding is relative by
+    construction. Unlike ALiBi's fixed slopes, every bucket is a free parameter: a bucket that no training pair
+    reaches (distances beyond the training length) gets exactly zero gradient and keeps its initial value, as
+    an unseen APE row does.
+
+    Args:
+        num_buckets: buckets, >= 2 (T5: 32).
+        max_distance: distance from which keys share the last bucket (T5: 128).
+        init_std: standard deviation of the initial biases, >= 0.
+
+    Parameters: ``t5_bias [M, n_heads, num_buckets]``.
+
+    Source: Raffel et al. 2020 (T5), section 2.1; the bucketing of its reference implementation.
+    """
+
+    num_buckets: int = 32
+    max_distance: int = 128
+    init_std: float = 0.02
+    name: ClassVar[str] = "t5"
+    color: ClassVar[str] = "#9467bd"
+    relative: ClassVar[bool] = True
+
+    def __post_init__(self):
+        check_int("num_buckets", self.num_buckets, minimum=2)
+        check_int("max_distance", self.max_distance, minimum=self.num_buckets // 2 + 1)
+        check_positive_float("init_std", self.init_std, allow_zero=True)
+
+    @property
+    def label(self) -> str:
+        return "T5 bias"
+
+    def check(self, d_head: int, n_heads: int) -> None:
+        check_int("n_heads", n_heads, minimum=1)
+
+    def init_parameters(self, n_models, d_model, max_len, n_heads, generators) -> dict:
+        bias = torch.empty(n_models, n_heads, self.num_buckets)
+        for i in range(n_models):
+            bias[i].normal_(0.0, self.init_std, generator=generators[i] if generators is not None else None)
+        return {"t5_bias": bias}
+
+    def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor:
+        table = params["t5_bias"]  # [M, H, n_buckets]
+        if table.shape[1] != n_heads:
+            raise ValueError(f"the T5 bias table has {table.shape[1]} heads; the model asks for n_heads={n_heads}")
+        buckets = t5_relative_buckets(k_positions[None, :] - q_positions[:, None], self.num_buckets,
+                                      self.max_distance)  # [Lq, Lk]
+        return table[:, :, buckets.to(table.device)]  # [M, H, Lq, Lk]
+
+
+def _blend(hex_color: str, towards: int, amount: float) -> str:
+    """``hex_color`` moved ``amount`` of the way towards white (``towards=255``) or black (0): a variant's
+    colour next to its base's."""
+    h = hex_color.lstrip("#")
+    rgb = [int(h[i:i + 2], 16) for i in (0, 2, 4)]
+    return "#" + "".join(f"{round(c + (towards - c) * amount):02x}" for c in rgb)
+
+
+@register
+@dataclass(frozen=True)
+class RandomizedPositions(Encoding):
+    """Any encoding trained at randomised positions: the same model, a different training distribution.
+
+    At every training step the ``L`` tokens of a batch get positions drawn from ``0 .. max_position - 1``
+    instead of ``0 .. L-1``: a sorted random subset (``contiguous=False``, the scheme of Ruoss et al. 2023), or
+    a contiguous block ``s .. s + L - 1`` with a random start ``s`` (``contiguous=True``: a random global
+    shift, which keeps every distance between tokens). At test time positions are ``0 .. L-1`` as for any
+    encoding. Everything else is the base encoding's: the same parameters, the same places it acts, the same
+    functions it can express. Only which positions, and so which (query, key) pairs, training visits changes.
+
+    Args:
+        base: the encoding to train at random positions (an Encoding or a registered name; default learned APE).
+        max_position: positions are drawn from ``0 .. max_position - 1`` (e.g. the longest test length; an APE
+            base needs a table with at least this many rows). The registry's default, 64, suits short tests.
+        contiguous: draw a random contiguous block instead of a sorted random subset.
+
+    Raises:
+        TypeError / ValueError: a base that is not an encoding (or is itself randomised), ``max_position < 2``;
+            at training, a sequence longer than ``max_position``.
+
+    Source: Ruoss et al. 2023, *Randomized Positional Encodings Boost Length Generalization of Transformers*,
+    section 3 (they draw the positions at test time too; here test positions are ``0 .. L-1``).
+    """
+
+    base: Encoding = field(default_factory=lambda: LearnedAPE())
+    max_position: int = 64
+    contiguous: bool = False
+    name: ClassVar[str] = "randomized"
+
+    def __post_init__(self):
+        object.__setattr__(self, "base", get_encoding(self.base, "base"))
+        if isinstance(self.base, RandomizedPositions):
+            raise TypeError("base must not itself be RandomizedPositions (draw positions once)")
+        check_int("max_position", self.max_position, minimum=2)
+        if not isinstance(self.contiguous, bool):
+            raise TypeError(f"contiguous must be a bool; got {type(self.contiguous).__name__} {self.contiguous!r}")
+
+    @property
+    def relative(self) -> bool:  # the base's: training positions change the selected weights, not the function class
+        return self.base.relative
+
+    @property
+    def color(self) -> str:
+        return _blend(self.base.color, 0, 0.45) if self.contiguous else _blend(self.base.color, 255, 0.5)
+
+    @property
+    def label(self) -> str:
+        return f"{self.base.label} + random {'shift' if self.contiguous else 'positions'}"
+
+    def check(self, d_head: int, n_heads: int) -> None:
+        self.base.check(d_head, n_heads)
+
+    def init_parameters(self, n_models, d_model, max_len, n_heads, generators) -> dict:
+        return self.base.init_parameters(n_models, d_model, max_len, n_heads, generators)
+
+    def check_positions(self, positions: Tensor, max_len: int) -> None:
+        self.base.check_positions(positions, max_len)
+
+    def embed(self, params, positions: Tensor) -> Tensor | None:
+        return self.base.embed(params, positions)
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        return self.base.rotate(x, positions)
+
+    def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor | None:
+        return self.base.score_bias(params, q_positions, k_positions, n_heads)
+
+    def train_positions(self, seq_len: int, generator: torch.Generator) -> Tensor:
+        seq_len = check_int("seq_len", seq_len, minimum=1, maximum=self.max_position)
+        if self.contiguous:
+            start = int(torch.randint(0, self.max_position - seq_len + 1, (1,), generator=generator))
+            return torch.arange(start, start + seq_len)
+        return torch.randperm(self.max_position, generator=generator)[:seq_len].sort().values
+
+
+@register
+@dataclass(frozen=True)
+class RoPEInterpolation(RoPE):
+    """RoPE with position interpolation at test time: beyond the training length, positions are squeezed into it.
+
+    At sequence length ``L`` every frequency is multiplied by ``min(1, train_len / L)``, i.e. position ``t``
+    is rotated as RoPE rotates ``t * train_len / L``: the angles of a long sequence stay within the range seen
+    in training, at the price of resolution (an offset ``D`` now turns by ``D * train_len / L``). At
+    ``L <= train_len`` it is exactly RoPE. At each length the logit depends on the offset alone
+    (``relative``), but the offset kernel changes with ``L``.
+
+    Args:
+        train_len: the training length the scaling refers to, >= 1.
+        base, interleaved, angle_dtype: as for :class:`RoPE`.
+
+    Source: Chen et al. 2023, *Extending Context Window of Large Language Models via Positional Interpolation*,
+    eq. (2) (used here without their fine-tuning, and with the factor taken from the current length, the
+    "dynamic" form of Peng et al. 2024).
+    """
+
+    train_len: int = 16
+    name: ClassVar[str] = "rope_pi"
+    color: ClassVar[str] = "#17becf"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("train_len", self.train_len, minimum=1)
+
+    @property
+    def label(self) -> str:
+        return "RoPE + PI"
+
+    def scale(self, seq_len: int) -> float:
+        """The extension factor ``s = max(1, L / train_len)`` at sequence length ``L``."""
+        return max(1.0, check_int("seq_len", seq_len, minimum=1) / self.train_len)
+
+    def frequencies(self, d_head: int, seq_len: int) -> Tensor:
+        return rope_inverse_frequencies(d_head, self.base) / self.scale(seq_len)
+
+
+@register
+@dataclass(frozen=True)
+class RoPENTK(RoPEInterpolation):
+    """RoPE with NTK-aware scaling at test time: beyond the training length the base grows, not the positions.
+
+    At sequence length ``L`` the base becomes ``base * s ** (d_head / (d_head - 2))`` with
+    ``s = max(1, L / train_len)``: the highest frequency (``theta_0 = 1``) is untouched, the lowest is divided
+    by exactly ``s`` (as in position interpolation), and the ones between by less. Short offsets keep their
+    angles; long wavelengths are stretched to cover the longer sequence. At ``L <= train_len`` it is exactly
+    RoPE; ``relative`` as for :class:`RoPEInterpolation`.
+
+    Args:
+        train_len, base, interleaved, angle_dtype: as for :class:`RoPEInterpolation`.
+
+    Source: "NTK-aware" scaling (bloc97, 2023), as written in Peng et al. 2024, *YaRN: Efficient Context Window
+    Extension of Large Language Models*, section 3.2 (with the dynamic factor of their section 3.3).
+    """
+
+    name: ClassVar[str] = "rope_ntk"
+    color: ClassVar[str] = "#e377c2"
+
+    @property
+    def label(self) -> str:
+        return "RoPE + NTK"
+
+    def check(self, d_head: int, n_heads: int) -> None:
+        super().check(d_head, n_heads)
+        if d_head < 4:
+            raise ValueError(f"NTK-aware scaling needs d_head >= 4 (its exponent is d_head / (d_head - 2)); "
+                             f"got d_head={d_head}")
+
+    def frequencies(self, d_head: int, seq_len: int) -> Tensor:
+        self.check(d_head, 1)
+        return rope_inverse_frequencies(d_head, self.base * self.scale(seq_len) ** (d_head / (d_head - 2)))

@@ -202,16 +202,15 @@ def attention_argmax(model, lengths) -> Tensor:
 
     In the position-only head the attention row does not depend on the
     tokens, so every sequence of a given length has the same argmax; this is
-    it. Ties go to the lowest position. The rows of every length are read off one
-    logit matrix at the longest length (:func:`position_logits`: row ``L-1``, keys ``0 .. L-1``,
-    is the model's score row at length ``L``).
+    it. Ties go to the lowest position. Each length's row is the model's own score row at that length
+    (an encoding may depend on the length, as test-time RoPE scaling does, so rows of one longer logit
+    matrix would not do).
 
     Returns:
         LongTensor ``[M, len(lengths)]`` of positions in ``0 .. L-1``, on CPU.
     """
     lengths = check_int_sequence("lengths", lengths, minimum=1)
-    logits = position_logits(model, max(lengths)).cpu()  # [M, L_max, L_max] (query, key)
-    return torch.stack([logits[:, L - 1, :L].argmax(-1) for L in lengths], -1)
+    return torch.stack([model.scores(L).argmax(-1).cpu() for L in lengths], -1)
 
 
 @torch.no_grad()
@@ -498,3 +497,118 @@ def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 
     profiles = logit[..., 1:train_len].reshape(-1, train_len - 1)
     fit = fit_carrier(profiles, window, encoding.frequencies(d_head, 2 * train_len), rcond=rcond)
     return fit, logit[..., : train_len + 1], weight[..., : train_len + 1]
+
+
+# ---------------------------------------------------------------- what was selected (chapter 9)
+PLACEMENTS = ("at the offset", "pinned", "elsewhere")
+
+
+def _place(argmax: Tensor, target: Tensor, visited: int) -> Tensor:
+    """0 where ``argmax == target``, else 1 where ``argmax < visited`` (a position training saw), else 2."""
+    return torch.where(argmax == target, 0, torch.where(argmax < visited, 1, 2))
+
+
+@torch.no_grad()
+def argmax_placement(model, lengths, offset: int, visited: int) -> Tensor:
+    """Where the query's attention argmax lands, at each length: at the offset, pinned, or elsewhere.
+
+    The query sits at position ``L-1``; its target key is ``L-1-k``. An argmax on the target is "at the
+    offset" (code 0). An argmax that stays on one absolute position as the length grows (the same position
+    at two or more of ``lengths``), a position training visited (``< visited``), is "pinned" (1), as a learned
+    APE head pins (chapter 3). The rest is "elsewhere" (2): e.g. a far alias of a RoPE kernel (chapter 4),
+    or a wrong offset that moves with the query.
+
+    Args:
+        model: a ``RetrievalHead`` ensemble (M models).
+        lengths: evaluation lengths, each ``>= offset + 2``.
+        offset: the task's offset k >= 1.
+        visited: positions ``0 .. visited-1`` were seen in training, >= 1.
+
+    Returns:
+        LongTensor ``[M, len(lengths)]`` of codes (see :data:`PLACEMENTS`), on CPU.
+
+    Raises:
+        ValueError / TypeError: a length too short for the offset, or bad sizes.
+    """
+    offset = check_int("offset", offset, minimum=1)
+    visited = check_int("visited", visited, minimum=1)
+    lengths = check_int_sequence("lengths", lengths, minimum=offset + 2)
+    argmax = attention_argmax(model, lengths)  # [M, n]
+    target = torch.tensor([L - 1 - offset for L in lengths])
+    repeated = (argmax[:, :, None] == argmax[:, None, :]).sum(-1) >= 2  # the same position at another length
+    codes = _place(argmax, target, visited)
+    return torch.where((codes == 1) & ~repeated, 2, codes)
+
+
+@torch.no_grad()
+def copy_head_placement(model, task, seq_len: int, train_len: int, visited: int, n_samples: int = 8,
+                        seed: int = 999, min_query: int | None = None) -> tuple[Tensor, Tensor]:
+    """Where a transformer's copying head attends beyond the training length: at the offset, pinned, or elsewhere.
+
+    For each model the copying head is the (layer, head) whose attention argmax lands on ``t - k`` most often
+    at query positions ``k <= t < train_len`` (inside the training length) of length-``seq_len`` probe
+    sequences. At every query ``t >= min_query`` (default ``train_len``) its argmax key is then classified:
+    on ``t - k`` (0), on another position training visited, ``< visited`` (1, "pinned": a query beyond the
+    training range reading a position inside it, as an APE model does), or elsewhere (2).
+
+    Args:
+        model: a ``Transformer`` ensemble (M models).
+        task: a task with one fixed lag ``offset`` (e.g. ``DelayedCopy``); its sequences are the probe.
+        seq_len: probe length, > ``train_len``.
+        train_len: the training length.
+        visited: positions ``0 .. visited-1`` were seen in training (``train_len`` unless training drew others).
+        n_samples, seed: probe sequences.
+        min_query: the first query position classified, in ``[train_len, seq_len)``.
+
+    Returns:
+        ``fractions`` float64 ``[M, 3]`` (share of queries beyond the training length per code) and
+        ``heads`` LongTensor ``[M, 3]``: each model's copying head (layer, head) and how many of the
+        inside queries it got right, all on CPU.
+
+    Raises:
+        ValueError / TypeError: ``seq_len <= train_len``, a task without a single ``offset``, bad sizes.
+    """
+    offset = check_int("task.offset", getattr(task, "offset", None), minimum=1)
+    train_len = check_int("train_len", train_len, minimum=offset + 1)
+    seq_len = check_int("seq_len", task.check_seq_len(seq_len), minimum=train_len + 1)
+    visited = check_int("visited", visited, minimum=1)
+    min_query = train_len if min_query is None else check_int("min_query", min_query, train_len, seq_len - 1)
+    tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
+                            torch.Generator().manual_seed(check_int("seed", seed, minimum=0)), device=model.device)
+    argmax = torch.stack([s.argmax(-1) for s in model.head_scores(tokens)], 1).cpu()  # [M, layers, B, H, L]
+    argmax = argmax.permute(0, 1, 3, 2, 4)  # [M, layers, H, B, L]
+    t = torch.arange(seq_len)
+    inside = (argmax[..., offset:train_len] == t[offset:train_len] - offset).sum((-1, -2))  # [M, layers, H]
+    best = inside.flatten(1).argmax(1)  # [M]
+    n_heads = inside.shape[2]
+    layer, head = best // n_heads, best % n_heads
+    rows = torch.arange(argmax.shape[0])
+    chosen = argmax[rows, layer, head][..., min_query:]  # [M, B, L - min_query]
+    codes = _place(chosen, t[min_query:] - offset, visited)
+    fractions = torch.stack([(codes == c).double().mean((1, 2)) for c in range(len(PLACEMENTS))], -1)
+    return fractions, torch.stack([layer, head, inside.flatten(1)[rows, best]], -1)
+
+
+@torch.no_grad()
+def shift_attention_change(model, seq_len: int, shifts, reference: int = 0) -> Tensor:
+    """Total-variation distance between the query's attention row at positions ``r .. r+L-1`` (``r`` =
+    ``reference``) and at ``s .. s+L-1`` for each shift ``s``.
+
+    ``0.5 * sum_j |a_j(shift) - a_j(0)|``: 0 when a global shift leaves the attention unchanged (as for a
+    relative encoding, whatever its logits do), 1 when the two rows share no mass. Softmax ignores a
+    constant added to every logit of a row, so this is the part of a shift's effect that the head's output
+    can see (:func:`shift_logit_difference` reports the logits themselves).
+
+    Args:
+        model: a ``RetrievalHead`` ensemble.
+        seq_len: L >= 1.
+        shifts: sequence of ints (for an APE table, ``shift + L`` must fit it).
+        reference: the shift the others are compared with (default 0: positions ``0 .. L-1``).
+
+    Returns:
+        float64 tensor ``[M, len(shifts)]`` in [0, 1], on CPU.
+    """
+    shifts = check_int_sequence("shifts", shifts)
+    base = model.attention_row(seq_len, check_int("reference", reference)).double()
+    cols = [0.5 * (model.attention_row(seq_len, s).double() - base).abs().sum(-1) for s in shifts]
+    return torch.stack(cols, -1).cpu()

@@ -305,8 +305,10 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
                    progress: bool | None = None) -> Tensor:
     """Train a :class:`~lengthgen_utils.models.Transformer` ensemble on a full-sequence task with AdamW.
 
-    Every batch has length ``train_len``; the loss is the sum over models of each
-    model's mean cross-entropy over defined positions (models stay independent).
+    Every batch has length ``train_len`` and is placed at the positions the model's encoding draws
+    (``train_positions``: ``0 .. train_len-1`` unless the encoding randomises them, as in
+    :func:`train`); the loss is the sum over models of each model's mean cross-entropy over defined
+    positions (models stay independent).
 
     Args:
         model: a ``Transformer`` (any ``n_models``).
@@ -343,8 +345,9 @@ def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
     def batch_loss():
+        positions = model.encoding.train_positions(train_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
         tokens, targets = task.sample(batch_size, train_len, gen, device=device)
-        return sequence_cross_entropy(model(tokens, validate=False), targets)
+        return sequence_cross_entropy(model(tokens, validate=False, positions=positions), targets)
 
     history = _run_steps(model, opt, batch_loss, steps, device,
                          progress=bool(progress or (progress is None and steps >= 1000)))

@@ -340,6 +340,14 @@ CONFIG_EXAMPLES = {
     "models.RetrievalHeadConfig": lambda: models.RetrievalHeadConfig(),
     "models.LinearRNNConfig": lambda: models.LinearRNNConfig(),
     "positional.RotaryFrequencies": lambda: positional.RotaryFrequencies(),
+    "positional.NoPEBOS": lambda: positional.NoPEBOS(),
+    "zoo.TestTimeEncoding": lambda: __import__("lengthgen_utils.zoo").zoo.TestTimeEncoding(configs.RetrievalExperiment(),
+                                                                                            "rope_ntk"),
+    "positional.SinusoidalAPE": lambda: positional.SinusoidalAPE(),
+    "positional.T5Bias": lambda: positional.T5Bias(),
+    "positional.RandomizedPositions": lambda: positional.RandomizedPositions(),
+    "positional.RoPEInterpolation": lambda: positional.RoPEInterpolation(),
+    "positional.RoPENTK": lambda: positional.RoPENTK(),
     "models.TransformerConfig": lambda: models.TransformerConfig(),
     "positional.Encoding": lambda: positional.Encoding(),
     "positional.NoPE": lambda: positional.NoPE(),
@@ -536,13 +544,15 @@ SHARED_TASK = [
 # Arguments with a per-model-sounding name that hold one value by design, and why.
 ONE_VALUE = {
     "offset": {"configs.RetrievalExperiment", "configs.RetrievalSweep.experiment", "runners.SweepResult.result",
-               "runners.OffsetSweepResult.rows", "runners.RecurrentResult.rows", "tasks.FixedOffsetRetrieval", "tasks.DelayedCopy",
+               "runners.OffsetSweepResult.rows", "runners.RecurrentResult.rows", "tasks.FixedOffsetRetrieval",
+               "probes.argmax_placement", "zoo.placement", "zoo.run_retrieval_zoo", "plots.offset_margin_profiles", "tasks.DelayedCopy",
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",
                "widgets.RetrievalExplorer"},  # one experiment, task, closed form or control: one offset
     "seeds": {"runners.OffsetSweepResult", "runners.SnapshotResult"},  # a result's record, filled by the runner
     # the weights of spectrum_alignment are a [N, P] matrix checked by shape against the spectrum's rows
-    "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers"},  # one experiment / the check itself: one task
+    "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
+             "probes.copy_head_placement"},  # one experiment / the check itself: one task
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
                "tasks.batch_targets", "tasks.query_targets"},  # [B, L] shared by every model
     "weights": {"kernel.participation_ratio", "kernel.spectrum_alignment"},  # any non-negative weights, no model dimension assumed
@@ -551,7 +561,8 @@ ONE_VALUE = {
     "seed": {"evaluation.accuracy_by_length", "evaluation.squared_error_by_length",
              "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
              "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
-             "evaluation.lag_agreement", "probes.head_carriers"},
+             "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
+             "zoo.shift_violation"},
     "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap",
                "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel

@@ -30,7 +30,7 @@ CHROMIUM = os.environ.get("LENGTHGEN_CHROMIUM", "/usr/bin/chromium")
 ENABLED = os.environ.get("LENGTHGEN_BROWSER_TEST") == "1"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-SLIDER_PAGES = ("chapters/01_retrieval_task",)  # pages that must have at least one plotly slider
+SLIDER_PAGES = ("chapters/01_retrieval_task", "chapters/09_encoding_zoo")  # pages that must have a plotly slider
 
 needs_browser = pytest.mark.skipif(not ENABLED, reason="browser test: build the book, then run with "
                                                     "LENGTHGEN_BROWSER_TEST=1 (.ci/run does both)")
