@@ -1505,9 +1505,12 @@ def trained_vs_null(groups: dict, title: str, y_title: str, null_names=("untrain
 class Table:
     """A table that a notebook shows as HTML (in the web book) and ``print`` shows as aligned text.
 
+    A thin layer over pandas (its ``DataFrame`` for text, its ``Styler`` for HTML), so every printed
+    table of the book looks the same: no index column, a caption above, the column's width at the page's.
+
     Args:
         header: column titles.
-        cells: rows of strings, one per column.
+        cells: rows, one value per column (formatted with ``str``).
         caption: a line above the table.
 
     Raises:
@@ -1515,29 +1518,36 @@ class Table:
     """
 
     def __init__(self, header, cells, caption: str = ""):
+        import pandas as pd
+
         self.header = [str(h) for h in header]
         self.cells = [[str(c) for c in row] for row in cells]
         for i, row in enumerate(self.cells):
             if len(row) != len(self.header):
                 raise ValueError(f"row {i} has {len(row)} cells; the header has {len(self.header)}")
         self.caption = caption
+        self.frame = pd.DataFrame(self.cells, columns=self.header)
+
+    @classmethod
+    def from_rows(cls, rows: list[dict], caption: str = "") -> "Table":
+        """A table of ``rows``, one dict per row with the same keys (the column titles, in order)."""
+        if not rows:
+            raise ValueError("rows must hold at least one row")
+        header = list(rows[0])
+        return cls(header, [[row[h] for h in header] for row in rows], caption)
 
     def __str__(self) -> str:
-        widths = [max([len(h)] + [len(row[i]) for row in self.cells]) for i, h in enumerate(self.header)]
-        lines = ([self.caption] if self.caption else []) + ["  ".join(h.ljust(w) for h, w in zip(self.header, widths))]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in self.cells]
-        return "\n".join(lines)
+        text = self.frame.to_string(index=False, justify="left")
+        return f"{self.caption}\n{text}" if self.caption else text
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        from html import escape
-
-        head = "".join(f"<th>{escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in self.cells)
-        caption = f"<caption>{escape(self.caption)}</caption>" if self.caption else ""
-        return (f'<div style="overflow-x:auto"><table class="lengthgen-table" style="font-size:0.85em">'
-                f"{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+        styler = (self.frame.style.hide(axis="index").format(escape="html")
+                  .set_table_attributes('class="lengthgen-table"'))
+        if self.caption:
+            styler = styler.set_caption(self.caption)
+        return f'<div style="overflow-x:auto">{styler.to_html()}</div>'
 
 
 def encoding_panels(curves: dict, attention, train_len: int, target: int, chance: float, title: str,
