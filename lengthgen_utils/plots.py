@@ -876,7 +876,8 @@ GRID_SCRIPT = """
   var grid = gd && gd.layout.meta && gd.layout.meta.grid;
   if (!grid) { return; }
   gd.on('plotly_sliderchange', function () {
-    var a = gd._fullLayout.sliders[0].active || 0, b = gd._fullLayout.sliders[1].active || 0;
+    // gd.layout, not gd._fullLayout: after a resize plotly's slider may update a stale full-layout copy
+    var a = gd.layout.sliders[0].active || 0, b = gd.layout.sliders[1].active || 0;
     var i = a * grid.shape[1] + b;
     Plotly.update(gd, {visible: grid.visible[i]}, grid.relayout[i]);
   });
