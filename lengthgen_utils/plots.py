@@ -876,7 +876,8 @@ GRID_SCRIPT = """
   var grid = gd && gd.layout.meta && gd.layout.meta.grid;
   if (!grid) { return; }
   gd.on('plotly_sliderchange', function () {
-    var a = gd._fullLayout.sliders[0].active || 0, b = gd._fullLayout.sliders[1].active || 0;
+    // gd.layout, not gd._fullLayout: after a resize plotly's slider may update a stale full-layout copy
+    var a = gd.layout.sliders[0].active || 0, b = gd.layout.sliders[1].active || 0;
     var i = a * grid.shape[1] + b;
     Plotly.update(gd, {visible: grid.visible[i]}, grid.relayout[i]);
   });
@@ -1122,7 +1123,8 @@ def attention_row_panel(row, train_len: int, target_offset: int | None, title: s
     return fig
 
 
-def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, title: str) -> go.Figure:
+def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, title: str,
+                         active: int | None = None) -> go.Figure:
     """Attention rows of every seed against absolute key position, with a slider over the test length.
 
     Works in static HTML: each slider step is the stand-alone :func:`attention_row_panel` of its
@@ -1133,12 +1135,14 @@ def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, 
         train_len: longest training length; the training positions are shaded.
         target_offset: when given, the target key ``L - 1 - k`` of each step is marked.
         title: figure title.
+        active: the test length L (a key of ``rows``) shown when the page loads; default the shortest.
 
     Returns:
-        a plotly ``Figure`` (:func:`slider_figure`) with steps labelled by L (starts at the shortest).
+        a plotly ``Figure`` (:func:`slider_figure`) with steps labelled by L, in increasing order.
 
     Raises:
-        ValueError: ``rows`` is empty or a row's width differs from its L.
+        ValueError: ``rows`` is empty, a row's width differs from its L, or ``active`` is not a key of
+            ``rows``.
     """
     _check_panels(rows, "rows")
     lengths = sorted(rows)
@@ -1146,8 +1150,11 @@ def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, 
         a = np.asarray(rows[L], dtype=float)
         if a.ndim != 2 or a.shape[1] != L:
             raise ValueError(f"rows[{L}] must be [n_seeds, {L}]; got shape {a.shape}")
+    if active is not None and (isinstance(active, bool) or active not in rows):
+        raise ValueError(f"active must be one of the test lengths {lengths}; got active={active!r}")
     return slider_figure({str(L): attention_row_panel(rows[L], train_len, target_offset, title, max(lengths))
-                          for L in lengths}, "test length L = ", suffix=" tokens")
+                          for L in lengths}, "test length L = ", suffix=" tokens",
+                         active=0 if active is None else lengths.index(active))
 
 
 def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None = None) -> go.Figure:
@@ -1224,7 +1231,7 @@ def logit_rows_by_offset(panels: dict, title: str, target_offset: int | None = N
 
 
 def per_position_curves(curves: dict, title: str, y_title: str, train_len: int | None = None,
-                        log_y: bool = False, floor: float = 1e-12) -> go.Figure:
+                        log_y: bool = False, floor: float = 1e-12, x_max: int | None = None) -> go.Figure:
     """A per-position quantity (e.g. per-row gradient norm) against absolute position: mean line, min..max band.
 
     Args:
@@ -1233,11 +1240,19 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
         y_title: y axis title with units.
         train_len: when given, the training positions are shaded.
         log_y: log y axis; values below ``floor`` (exact zeros) are drawn at ``floor``.
+        x_max: when given, the x axis shows positions ``0 .. x_max`` only (e.g. where the curves are
+            informative); every position is still drawn and is reached by zooming out.
 
     Returns:
         a plotly ``Figure``.
+
+    Raises:
+        ValueError: ``curves`` is empty, a curve is not ``[n_seeds, positions]``, or ``x_max < 1``.
+        TypeError: ``x_max`` is not an int.
     """
     _check_panels(curves, "curves")
+    if x_max is not None:
+        check_int("x_max", x_max, minimum=1)
     fig = go.Figure()
     palette = ["#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd"]
     for i, (name, v) in enumerate(curves.items()):
@@ -1258,7 +1273,8 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
         fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
                       annotation_text="training positions", annotation_position="inside top left")
     fig.update_layout(title=title)
-    fig.update_xaxes(title="absolute position t (row of the APE table)")
+    fig.update_xaxes(title="absolute position t (row of the APE table)",
+                     range=None if x_max is None else [-0.5, x_max + 0.5])
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear", exponentformat="power" if log_y else None)
     return fig
 

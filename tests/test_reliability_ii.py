@@ -684,6 +684,24 @@ def assert_steps_show_their_panels(fig, panels):
     assert _what_is_shown(fig) == _what_is_shown(panels[slider.active]), "the page does not open on the active step"
 
 
+def assert_grid_shows_its_panels(fig, panels):
+    """Every cell of ``fig``'s grid (:func:`plots.grid_slider_figure`: the page script applies the cell's stored
+    visibility, then its layout) shows exactly its stand-alone panel; the page opens on the active cell."""
+    grid = fig.layout.meta["grid"]
+    rows, cols = grid["shape"]
+    assert len(panels) == rows * cols == len(grid["visible"]) == len(grid["relayout"])
+    strip = lambda shown: (shown[0], {k: v for k, v in shown[1].items() if k != "meta"})  # noqa: E731
+    for i, panel in enumerate(panels):
+        shown = go.Figure(fig)
+        for trace, visible in zip(shown.data, grid["visible"][i], strict=True):
+            trace.visible = visible
+        for path, value in grid["relayout"][i].items():
+            shown.layout[path] = value
+        assert strip(_what_is_shown(shown)) == _what_is_shown(panel), f"cell {i}"
+    active = fig.layout.sliders[0].active * cols + fig.layout.sliders[1].active
+    assert strip(_what_is_shown(fig)) == _what_is_shown(panels[active]), "the page does not open on the active cell"
+
+
 def _accuracy_panel(means, title, n_curves=2, lengths=(16, 32, 64)):
     curves = {pe: (list(lengths), np.array([means] * 5)) for pe in ("rope", "ape", "nope", "alibi")[:n_curves]}
     with warnings.catch_warnings():
@@ -740,12 +758,21 @@ def _book_sliders():
     yield "kernel_slider", fig, [plots.kernel_panel(list(range(-48, 1)), s, k, 16, "kernels", y_range)
                                  for k, s in kernels.items()]
     rows = {L: torch.softmax(torch.randn(3, L, generator=g), -1) for L in (16, 24, 40)}
-    yield "attention_row_slider", plots.attention_row_slider(rows, 16, 3, "rows"), [
+    yield "attention_row_slider", plots.attention_row_slider(rows, 16, 3, "rows", active=24), [
         plots.attention_row_panel(rows[L], 16, 3, "rows", x_max=40) for L in (16, 24, 40)]
     fine = [16, 32, 64, 128, 256]
     p = torch.rand(3, 5, generator=g).numpy() * 0.9 + 0.05
     yield "dilution_slider", plots.dilution_slider([16, 64], p[:, [0, 2]], (fine, p), (fine, p ** 2), "abc", "dil"), [
         plots.dilution_panel([16, 64], p[i, [0, 2]], (fine, p[i]), (fine, p[i] ** 2), "dil") for i in range(3)]
+    grid = {}  # chapter 1's explorer: offset x training length, each panel on its own lengths
+    for k in (1, 3):
+        for train_len in (8, 16, 32):
+            lengths = [train_len * m for m in (1, 2, 4)]
+            curves = {pe: (lengths, torch.rand(5, 3, generator=g).numpy()) for pe in ("rope", "ape", "nope")}
+            grid[(str(k), str(train_len))] = plots.accuracy_vs_length(curves, chance=1 / 16, train_len=train_len,
+                                                                     title=f"k = {k}, L = {train_len}")
+    yield "grid_slider_figure", plots.grid_slider_figure(grid, ("offset k = ", "training length = "), (1, 1)), list(
+        grid.values())
 
 
 def test_every_slider_figure_of_the_book_is_swept():
@@ -757,12 +784,16 @@ def test_every_slider_figure_of_the_book_is_swept():
     assert called and called <= {name for name, _, _ in _book_sliders()}, called
 
 
-@pytest.mark.parametrize("name", ["slider_figure", "kernel_slider", "attention_row_slider", "dilution_slider"])
+@pytest.mark.parametrize("name", ["slider_figure", "kernel_slider", "attention_row_slider", "dilution_slider",
+                                  "grid_slider_figure"])
 def test_every_book_slider_step_equals_its_stand_alone_panel(name):
     """Each step of each slider figure the book builds shows its stand-alone panel exactly: traces and their
     visibility, title, annotations (chapter 1's below-chance flag included), shapes, axes and legend."""
     (fig, panels), = [(f, p) for n, f, p in _book_sliders() if n == name]
-    assert_steps_show_their_panels(fig, panels)
+    if name == "grid_slider_figure":
+        assert_grid_shows_its_panels(fig, panels)
+    else:
+        assert_steps_show_their_panels(fig, panels)
 
 
 # ================================================================ 5. interactive panels fail loudly
