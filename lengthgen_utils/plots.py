@@ -625,7 +625,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         fig.add_trace(go.Scatter(x=offsets, y=values.mean(0), mode="lines", name=label, legendgroup=_label(name),
                                  line=dict(color=color, width=2, dash="dash" if is_dashed else "solid")))
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=-0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="trained offsets", annotation_position="inside top right")
+                  annotation_text="training window", annotation_position="inside top right")
     fig.add_vline(x=-target_offset, line=dict(color="black", dash="dot", width=1))
     fig.add_hline(y=0, line=dict(color="black", width=0.5))
     fig.update_layout(title=title)
@@ -633,6 +633,19 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
     fig.update_xaxes(title="relative position D = j − i (tokens)", range=[lo - 0.08 * (1 - lo), 1])  # clear of y ticks
     fig.update_yaxes(title=y_title)
     return fig
+
+
+def _log_x_marker(fig: go.Figure, x: float, line: dict, text: str | None = None, xanchor: str = "left",
+                  y: float = 1.0, yanchor: str = "top") -> None:
+    """A vertical line at data value ``x`` on a log x axis, and a label beside it.
+
+    On a log axis plotly places shapes in data units but annotations in log10 units, so the two are
+    added separately (``add_vline``'s own annotation would land at ``10**x``)."""
+    fig.add_vline(x=float(x), line=line)
+    if text:
+        fig.add_annotation(x=float(np.log10(x)), xref="x", y=y, yref="paper", text=text, showarrow=False,
+                           xanchor=xanchor, yanchor=yanchor, xshift=4 if xanchor == "left" else -4,
+                           bgcolor="rgba(255,255,255,0.7)")
 
 
 def predicted_vs_measured(curves: dict, train_len: int, title: str,
@@ -667,8 +680,7 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
                                  marker=dict(color=color, size=10, symbol="circle-open", line=dict(width=2)),
                                  error_y=dict(type="data", symmetric=False, array=measured.max(0) - mean,
                                               arrayminus=mean - measured.min(0))))
-    fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dash", width=1.5),  # log axis: log10 units
-                  annotation_text="training length", annotation_position="top right")
+    _log_x_marker(fig, train_len, line=dict(color="gray", dash="dash", width=1.5), text="training length")
     fig.update_layout(title=title)
     ticks = sorted({int(x) for _, (lengths, _, _) in curves.items() for x in lengths} | {int(train_len)})
     fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log", tickvals=ticks,
@@ -1339,14 +1351,16 @@ def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_t
                              line=dict(color="black", dash="dot")))
     fig.update_layout(title=title)
 
-    def ticks(limit, cens, none):
-        vals = [2 ** e for e in range(3, int(np.log2(cens))) if 2 ** e <= limit][::2] + [cens]
+    def ticks(limit, cens, none, step=2):
+        vals = [2 ** e for e in range(3, int(np.log2(cens))) if 2 ** e <= limit][::step] + [cens]
         return vals, [str(v) for v in vals[:-1]] + [none or f"none ≤ {limit}"]
 
-    xv, xt = ticks(x_limit, x_cens, x_none)
+    # x labels sit side by side: over more than 10 octaves label every 16x, so that they fit a phone
+    xv, xt = ticks(x_limit, x_cens, x_none, step=4 if np.log2(x_cens / low) > 10 else 2)
     yv, yt = ticks(y_limit, y_cens, y_none)
+    # room right of the censored column for half its label (plotly hides a tick label that passes the figure)
     fig.update_xaxes(title=x_title, type="log", tickvals=xv, ticktext=xt, tickangle=0,
-                     range=[np.log10(low), np.log10(x_cens) + 0.15])
+                     range=[np.log10(low), np.log10(x_cens) + 0.35])
     fig.update_yaxes(title=y_title, type="log", tickvals=yv, ticktext=yt, range=[np.log10(low), np.log10(y_cens) + 0.15])
     return fig
 
@@ -1391,14 +1405,16 @@ def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str, marks
         marks = per_model("marks", marks, len(labels), check_mark, shared=False)
         rows = [i for i, m in enumerate(marks) if m is not None]
         fig.add_trace(go.Scatter(x=[str(marks[i]) for i in rows], y=[labels[i] for i in rows], mode="markers",
-                                 name=mark_name, marker=dict(symbol="circle-open", size=9, color="white",
-                                                             line=dict(width=2.5, color="white")),
+                                 name=mark_name, marker=dict(symbol="circle", size=9, color="white",
+                                                             line=dict(width=1.5, color="black")),
                                  hovertemplate="%{y}: " + mark_name + " %{x}<extra></extra>"))
         fig.update_layout(showlegend=True)
     octaves = [name for L, name in zip(lengths, names) if float(np.log2(L / lengths[0])) % 2 == 0]
-    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 120 + 13 * len(labels)))
+    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 120 + 14 * len(labels)))
     fig.update_xaxes(title="sequence length L (tokens)", type="category", tickangle=0, tickvals=octaves)
-    fig.update_yaxes(title="", autorange="reversed", tickfont=dict(size=10))
+    # every row named (plotly would thin the labels of a long category axis)
+    fig.update_yaxes(title="", autorange="reversed", tickfont=dict(size=10), tickmode="array",
+                     tickvals=list(labels))
     return fig
 
 
@@ -1483,12 +1499,15 @@ def r2_vs_reach(reach, r2, kind, labels, title: str, alias_side: float = 1.0, la
     fig = _r2_scatter(reach, r2, kind, labels, title, "n e^-κ = %{x:.3g}", floor, threshold, symbol_by)
     lo = float(np.log10(min(reach.min(), alias_side))) - 0.3
     hi = float(np.log10(max(reach.max(), law_side))) + 0.3
-    fig.add_vrect(x0=10 ** lo, x1=alias_side, fillcolor="#d62728", opacity=0.08, line_width=0,
-                  annotation_text=f"≤ {alias_side:g}: aliases", annotation_position="top left")
-    fig.add_vrect(x0=law_side, x1=10 ** hi, fillcolor="#2ca02c", opacity=0.1, line_width=0,
-                  annotation_text=f"≥ {law_side:g}: law", annotation_position="top right")
-    fig.update_xaxes(title="n e^-κ: how often n keys meet the peaks of e^s (log scale)", type="log",
-                     range=[lo, hi], exponentformat="power")
+    # the sides' labels sit under the points clipped at the floor, clear of the R^2 line's label
+    # shapes take data units on a log axis, annotations log10 units
+    fig.add_vrect(x0=10 ** lo, x1=alias_side, fillcolor="#d62728", opacity=0.08, line_width=0)
+    fig.add_vrect(x0=law_side, x1=10 ** hi, fillcolor="#2ca02c", opacity=0.1, line_width=0)
+    for x, text, anchor in ((lo, f"≤ {alias_side:g}: aliases", "left"), (hi, f"≥ {law_side:g}: law", "right")):
+        fig.add_annotation(x=x, xref="x", y=0, yref="paper", text=text, showarrow=False, xanchor=anchor,
+                           yanchor="bottom", xshift=4 if anchor == "left" else -4, yshift=4)
+    fig.update_xaxes(title="n e^-κ (log scale)", type="log", range=[lo, hi], exponentformat="power")
+    fig.update_yaxes(range=[floor - 0.3, 1.05])
     return fig
 
 
@@ -1553,12 +1572,13 @@ def distractor_ratio_by_head(lengths, plain, scaled, title: str, train_len: int 
                                      line=dict(color=color, width=1.5, dash=dash), opacity=0.8,
                                      hovertemplate=f"head {m}, {name}: " + "L=%{x}: 1/p - 1 = %{y:.2e}<extra></extra>"))
     if train_len is not None:
-        fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dot", width=1))
+        _log_x_marker(fig, train_len, line=dict(color="gray", dash="dot", width=1))
     ys = np.concatenate(ratios)
     ys = ys[ys > 0]
     fig.update_layout(title=title)
     fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log", tickvals=lengths.tolist(),
-                     ticktext=[str(int(L)) if i % 2 == 0 else "" for i, L in enumerate(lengths)])
+                     ticktext=[str(int(L)) if i % 2 == 0 else "" for i, L in enumerate(lengths)],
+                     range=[float(np.log10(lengths.min())) - 0.1, float(np.log10(lengths.max())) + 0.1])
     fig.update_yaxes(title="1/p − 1: distractors' weight / target's (log scale)", type="log",
                      exponentformat="power",
                      range=[float(np.log10(ys.min())) - 0.3, float(np.log10(ys.max())) + 0.3] if ys.size else None)

@@ -58,3 +58,16 @@ def test_offset_kernels_dashes_the_named_curves_only():
     assert [t.line.dash for t in default.data] == ["solid", "dash", "solid"]  # every second, as before
     with pytest.raises(ValueError, match="dashed must name curves"):
         plots.offset_kernels(curves, train_len=4, target_offset=1, title="t", dashed={"missing"})
+
+
+def test_markers_on_log_axes_put_the_line_in_data_units_and_the_label_in_log10_units():
+    """Plotly places shapes on a log axis in data units and annotations in log10 units: a training-length
+    line at 16 must be a shape at 16 with its label at log10(16) (else the line or the label is lost)."""
+    fig = plots.predicted_vs_measured({"a": ([32, 64], [1.0, 2.0], [[1.0, 2.0]])}, train_len=16, title="t")
+    assert [s.x0 for s in fig.layout.shapes] == [16.0]
+    assert [a.x for a in fig.layout.annotations if a.text == "training length"] == [pytest.approx(np.log10(16))]
+    fig = plots.r2_vs_reach([1e-3, 40.0], [0.0, 0.99], ["a", "b"], ["a", "b"], title="t")
+    lo, hi = fig.layout.xaxis.range
+    assert sorted(a.x for a in fig.layout.annotations if "alias" in a.text or "law" in a.text) == [lo, hi]
+    fig = plots.distractor_ratio_by_head([16, 32], [[0.5, 0.4]], [[0.5, 0.45]], title="t", train_len=16)
+    assert [s.x0 for s in fig.layout.shapes] == [16.0]
