@@ -1351,13 +1351,13 @@ def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_t
                              line=dict(color="black", dash="dot")))
     fig.update_layout(title=title)
 
-    def ticks(limit, cens, none, step=2):
-        vals = [2 ** e for e in range(3, int(np.log2(cens))) if 2 ** e <= limit][::step] + [cens]
+    def ticks(limit, cens, none, step=2, first=low):
+        vals = [2 ** e for e in range(3, int(np.log2(cens))) if first <= 2 ** e <= limit][::step] + [cens]
         return vals, [str(v) for v in vals[:-1]] + [none or f"none ≤ {limit}"]
 
     # x labels sit side by side: over more than 10 octaves label every 16x, so that they fit a phone
     xv, xt = ticks(x_limit, x_cens, x_none, step=4 if np.log2(x_cens / low) > 10 else 2)
-    yv, yt = ticks(y_limit, y_cens, y_none)
+    yv, yt = ticks(y_limit, y_cens, y_none, first=4 * low)  # the corner holds the x axis's first label
     # room right of the censored column for half its label (plotly hides a tick label that passes the figure)
     fig.update_xaxes(title=x_title, type="log", tickvals=xv, ticktext=xt, tickangle=0,
                      range=[np.log10(low), np.log10(x_cens) + 0.35])
@@ -1391,7 +1391,7 @@ def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str, marks
                          f"got {accuracy.shape}")
     names = [str(L) for L in lengths]
     fig = go.Figure(go.Heatmap(z=accuracy, x=names, y=list(labels), zmin=chance, zmax=1.0,
-                               colorscale="Viridis", colorbar=dict(title="accuracy"),
+                               colorscale="Viridis", colorbar=dict(title=dict(text="accuracy", side="right")),
                                hovertemplate="%{y}, L = %{x}: accuracy %{z:.2f}<extra></extra>"))
     if marks is not None:
         allowed = {int(L) for L in lengths}

@@ -71,3 +71,13 @@ def test_markers_on_log_axes_put_the_line_in_data_units_and_the_label_in_log10_u
     assert sorted(a.x for a in fig.layout.annotations if "alias" in a.text or "law" in a.text) == [lo, hi]
     fig = plots.distractor_ratio_by_head([16, 32], [[0.5, 0.4]], [[0.5, 0.45]], title="t", train_len=16)
     assert [s.x0 for s in fig.layout.shapes] == [16.0]
+
+
+def test_censored_scatter_keeps_its_corner_and_its_censored_labels_readable():
+    """The two axes' first labels would meet in the corner (both 8): the y axis starts at 32. Over more than
+    ten octaves the x axis labels every 16x, and the censored column keeps room for its label."""
+    fig = plots.censored_scatter([100, None], [128, None], ["a", "b"], x_limit=16385, y_limit=4096,
+                                 x_title="x", y_title="y", title="t", x_none="none")
+    assert fig.layout.yaxis.tickvals[0] == 32 and fig.layout.xaxis.tickvals[0] == 8
+    assert list(fig.layout.xaxis.tickvals[:-1]) == [8, 128, 2048] and fig.layout.xaxis.ticktext[-1] == "none"
+    assert fig.layout.xaxis.range[1] >= np.log10(fig.layout.xaxis.tickvals[-1]) + 0.3
