@@ -582,7 +582,7 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
 
 def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
                    y_title: str = "attention weight s(D), scaled so that s(-k) = 1",
-                   colors: dict | None = None) -> go.Figure:
+                   colors: dict | None = None, dashed=None) -> go.Figure:
     """Offset kernels ``s(D)`` against the offset, with the training window shaded.
 
     Args:
@@ -593,15 +593,20 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         title: figure title.
         y_title: the y axis title (say what is plotted, with units).
         colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
+        dashed: optional names of the curves drawn dashed (e.g. closed forms beside trained models);
+            by default every second curve is dashed.
 
     Returns:
         a plotly ``Figure`` (x: relative position D = j - i in tokens, key minus query).
 
     Raises:
-        ValueError: ``curves`` is empty or an array does not match its offsets.
+        ValueError: ``curves`` is empty, an array does not match its offsets, or ``dashed`` names a curve
+            that ``curves`` does not hold.
     """
     if not curves:
         raise ValueError("curves must name at least one curve")
+    if dashed is not None and not set(dashed) <= set(curves):
+        raise ValueError(f"dashed must name curves of {sorted(curves)}; got {sorted(set(dashed) - set(curves))}")
     fig = go.Figure()
     palette = ["#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b"]
     for i, (name, (offsets, values)) in enumerate(curves.items()):
@@ -610,6 +615,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         if values.shape[1] != len(offsets):
             raise ValueError(f"values for {name!r} must have {len(offsets)} columns; got {values.shape}")
         color = (colors or {}).get(name, palette[i % len(palette)])
+        is_dashed = bool(i % 2) if dashed is None else name in dashed
         if values.shape[0] > 1:
             fig.add_trace(go.Scatter(x=np.concatenate([offsets, offsets[::-1]]),
                                      y=np.concatenate([values.max(0), values.min(0)[::-1]]), mode="lines",
@@ -617,9 +623,9 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
                                      hoverinfo="skip", showlegend=False, legendgroup=_label(name)))
         label = name if values.shape[0] == 1 else f"{name} (mean of {values.shape[0]})"
         fig.add_trace(go.Scatter(x=offsets, y=values.mean(0), mode="lines", name=label, legendgroup=_label(name),
-                                 line=dict(color=color, width=2, dash="dash" if i % 2 else "solid")))
+                                 line=dict(color=color, width=2, dash="dash" if is_dashed else "solid")))
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=-0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="trained offsets", annotation_position="inside top right")
+                  annotation_text="training window", annotation_position="inside top right")
     fig.add_vline(x=-target_offset, line=dict(color="black", dash="dot", width=1))
     fig.add_hline(y=0, line=dict(color="black", width=0.5))
     fig.update_layout(title=title)
@@ -627,6 +633,19 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
     fig.update_xaxes(title="relative position D = j − i (tokens)", range=[lo - 0.08 * (1 - lo), 1])  # clear of y ticks
     fig.update_yaxes(title=y_title)
     return fig
+
+
+def _log_x_marker(fig: go.Figure, x: float, line: dict, text: str | None = None, xanchor: str = "left",
+                  y: float = 1.0, yanchor: str = "top") -> None:
+    """A vertical line at data value ``x`` on a log x axis, and a label beside it.
+
+    On a log axis plotly places shapes in data units but annotations in log10 units, so the two are
+    added separately (``add_vline``'s own annotation would land at ``10**x``)."""
+    fig.add_vline(x=float(x), line=line)
+    if text:
+        fig.add_annotation(x=float(np.log10(x)), xref="x", y=y, yref="paper", text=text, showarrow=False,
+                           xanchor=xanchor, yanchor=yanchor, xshift=4 if xanchor == "left" else -4,
+                           bgcolor="rgba(255,255,255,0.7)")
 
 
 def predicted_vs_measured(curves: dict, train_len: int, title: str,
@@ -661,8 +680,7 @@ def predicted_vs_measured(curves: dict, train_len: int, title: str,
                                  marker=dict(color=color, size=10, symbol="circle-open", line=dict(width=2)),
                                  error_y=dict(type="data", symmetric=False, array=measured.max(0) - mean,
                                               arrayminus=mean - measured.min(0))))
-    fig.add_vline(x=float(np.log10(train_len)), line=dict(color="gray", dash="dash", width=1.5),  # log axis: log10 units
-                  annotation_text="training length", annotation_position="top right")
+    _log_x_marker(fig, train_len, line=dict(color="gray", dash="dash", width=1.5), text="training length")
     fig.update_layout(title=title)
     ticks = sorted({int(x) for _, (lengths, _, _) in curves.items() for x in lengths} | {int(train_len)})
     fig.update_xaxes(title="evaluation sequence length L (tokens, log scale)", type="log", tickvals=ticks,
@@ -1349,36 +1367,98 @@ def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_t
                              line=dict(color="black", dash="dot")))
     fig.update_layout(title=title)
 
-    def ticks(limit, cens, none):
-        vals = [2 ** e for e in range(3, int(np.log2(cens))) if 2 ** e <= limit][::2] + [cens]
+    def ticks(limit, cens, none, step=2, first=low):
+        vals = [2 ** e for e in range(3, int(np.log2(cens))) if first <= 2 ** e <= limit][::step] + [cens]
         return vals, [str(v) for v in vals[:-1]] + [none or f"none ≤ {limit}"]
 
-    xv, xt = ticks(x_limit, x_cens, x_none)
-    yv, yt = ticks(y_limit, y_cens, y_none)
+    # x labels sit side by side: over more than 10 octaves label every 16x, so that they fit a phone
+    xv, xt = ticks(x_limit, x_cens, x_none, step=4 if np.log2(x_cens / low) > 10 else 2)
+    yv, yt = ticks(y_limit, y_cens, y_none, first=4 * low)  # the corner holds the x axis's first label
+    # room right of the censored column for half its label (plotly hides a tick label that passes the figure)
     fig.update_xaxes(title=x_title, type="log", tickvals=xv, ticktext=xt, tickangle=0,
-                     range=[np.log10(low), np.log10(x_cens) + 0.15])
+                     range=[np.log10(low), np.log10(x_cens) + 0.35])
     fig.update_yaxes(title=y_title, type="log", tickvals=yv, ticktext=yt, range=[np.log10(low), np.log10(y_cens) + 0.15])
     return fig
 
 
-def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str) -> go.Figure:
+def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str, marks=None,
+                     mark_name: str = "marked length") -> go.Figure:
     """Accuracy of every head (rows) at every length (columns): where each head falls, and how fast.
 
     Args:
         accuracy: ``[M, n]`` accuracies; lengths: ``n`` tokens; labels: ``M`` row names.
         chance: chance accuracy (the colour scale runs from chance to 1).
         title: figure title.
+        marks: optional, per row, one of ``lengths`` to mark with a white-edged circle (e.g. the first
+            length that holds a predicted alias), or None for no mark in that row.
+        mark_name: the legend text of the marks.
+
+    Returns:
+        a plotly ``Figure``; the x axis labels every other octave of ``lengths`` (so that the labels fit
+        a phone's column).
+
+    Raises:
+        ValueError: ``accuracy`` is not ``[len(labels), len(lengths)]``, or a mark is not one of ``lengths``.
+        TypeError: ``marks`` does not hold one value per row.
     """
     accuracy = np.asarray(accuracy, dtype=float)
     if accuracy.shape != (len(labels), len(lengths)):
         raise ValueError(f"accuracy must be [len(labels), len(lengths)] = [{len(labels)}, {len(lengths)}]; "
                          f"got {accuracy.shape}")
-    fig = go.Figure(go.Heatmap(z=accuracy, x=[str(L) for L in lengths], y=list(labels), zmin=chance, zmax=1.0,
-                               colorscale="Viridis", colorbar=dict(title="accuracy"),
+    names = [str(L) for L in lengths]
+    fig = go.Figure(go.Heatmap(z=accuracy, x=names, y=list(labels), zmin=chance, zmax=1.0,
+                               colorscale="Viridis", colorbar=dict(title=dict(text="accuracy", side="right")),
                                hovertemplate="%{y}, L = %{x}: accuracy %{z:.2f}<extra></extra>"))
-    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 120 + 13 * len(labels)))
-    fig.update_xaxes(title="sequence length L (tokens)", type="category", tickangle=0, nticks=8)
-    fig.update_yaxes(title="", autorange="reversed", tickfont=dict(size=10))
+    if marks is not None:
+        allowed = {int(L) for L in lengths}
+
+        def check_mark(label, value):
+            value = _int_or_none(label, value)
+            if value is not None and value not in allowed:
+                raise ValueError(f"{label} must be one of lengths {sorted(allowed)} or None; got {value}")
+            return value
+
+        marks = per_model("marks", marks, len(labels), check_mark, shared=False)
+        rows = [i for i, m in enumerate(marks) if m is not None]
+        fig.add_trace(go.Scatter(x=[str(marks[i]) for i in rows], y=[labels[i] for i in rows], mode="markers",
+                                 name=mark_name, marker=dict(symbol="circle", size=9, color="white",
+                                                             line=dict(width=1.5, color="black")),
+                                 hovertemplate="%{y}: " + mark_name + " %{x}<extra></extra>"))
+        fig.update_layout(showlegend=True)
+    octaves = [name for L, name in zip(lengths, names) if float(np.log2(L / lengths[0])) % 2 == 0]
+    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 120 + 14 * len(labels)))
+    fig.update_xaxes(title="sequence length L (tokens)", type="category", tickangle=0, tickvals=octaves)
+    # every row named (plotly would thin the labels of a long category axis)
+    fig.update_yaxes(title="", autorange="reversed", tickfont=dict(size=10), tickmode="array",
+                     tickvals=list(labels))
+    return fig
+
+
+def _r2_scatter(x, r2, kind, labels, title: str, x_hover: str, floor: float, threshold: float,
+                symbol_by) -> go.Figure:
+    """The body of :func:`r2_vs_margin` and :func:`r2_vs_reach`: one marker per head, coloured by ``kind``."""
+    x, r2 = np.asarray(x, dtype=float), np.asarray(r2, dtype=float)
+    n = len(labels)
+    if x.shape != (n,) or r2.shape != (n,) or len(kind) != n:
+        raise ValueError(f"x, r2, kind and labels must have one entry per head ({n})")
+    symbols = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down"]
+    regimes = list(dict.fromkeys(symbol_by)) if symbol_by is not None else [None]
+    fig = go.Figure()
+    for ki, k in enumerate(dict.fromkeys(kind)):
+        for ri, regime in enumerate(regimes):
+            rows = [i for i in range(n) if kind[i] == k and (regime is None or symbol_by[i] == regime)]
+            if not rows:
+                continue
+            fig.add_trace(go.Scatter(
+                x=x[rows], y=np.maximum(r2[rows], floor), mode="markers",
+                name=f"{k}" + (f", {regime}" if regime is not None else "") + f" ({len(rows)})",
+                text=[f"{labels[i]}: R² = {r2[i]:.3g}" for i in rows],
+                marker=dict(size=9, color=PALETTE[ki % 10], symbol=symbols[ri % len(symbols)], opacity=0.75),
+                hovertemplate="%{text}<br>" + x_hover + "<extra></extra>"))
+    fig.add_hline(y=threshold, line=dict(color="gray", dash="dash"), annotation_text=f"R² = {threshold}",
+                  annotation_position="bottom right")
+    fig.update_layout(title=title)
+    fig.update_yaxes(title=f"R² of the long-run law (clipped at {floor:g})", range=[floor - 0.05, 1.05])
     return fig
 
 
@@ -1393,30 +1473,57 @@ def r2_vs_margin(margin, r2, kind, labels, title: str, floor: float = -1.0, thre
         labels: per head hover text.
         threshold: drawn as a dashed line (the R^2 the law must reach).
         symbol_by: optional per-head regime names (one marker symbol each).
+
+    Raises:
+        ValueError: the per-head arguments differ in length.
     """
-    margin, r2 = np.asarray(margin, dtype=float), np.asarray(r2, dtype=float)
-    n = len(labels)
-    if margin.shape != (n,) or r2.shape != (n,) or len(kind) != n:
-        raise ValueError(f"margin, r2, kind and labels must have one entry per head ({n})")
-    symbols = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down"]
-    regimes = list(dict.fromkeys(symbol_by)) if symbol_by is not None else [None]
-    fig = go.Figure()
-    for ki, k in enumerate(dict.fromkeys(kind)):
-        for ri, regime in enumerate(regimes):
-            rows = [i for i in range(n) if kind[i] == k and (regime is None or symbol_by[i] == regime)]
-            if not rows:
-                continue
-            fig.add_trace(go.Scatter(
-                x=margin[rows], y=np.maximum(r2[rows], floor), mode="markers",
-                name=f"{k}" + (f", {regime}" if regime is not None else "") + f" ({len(rows)})",
-                text=[f"{labels[i]}: R² = {r2[i]:.3g}" for i in rows],
-                marker=dict(size=9, color=PALETTE[ki % 10], symbol=symbols[ri % len(symbols)], opacity=0.75),
-                hovertemplate="%{text}<br>margin %{x:.2f} nats<extra></extra>"))
-    fig.add_hline(y=threshold, line=dict(color="gray", dash="dash"), annotation_text=f"R² = {threshold}",
-                  annotation_position="bottom right")
-    fig.update_layout(title=title)
+    fig = _r2_scatter(margin, r2, kind, labels, title, "margin %{x:.2f} nats", floor, threshold, symbol_by)
     fig.update_xaxes(title="margin in the training window (nats)")
-    fig.update_yaxes(title=f"R² of the long-run law (clipped at {floor:g})", range=[floor - 0.05, 1.05])
+    return fig
+
+
+def r2_vs_reach(reach, r2, kind, labels, title: str, alias_side: float = 1.0, law_side: float = 20.0,
+                floor: float = -1.0, threshold: float = 0.9, symbol_by=None) -> go.Figure:
+    """The law's R^2 of each head against ``n e^-kappa``, how often ``n`` keys meet the peaks of ``e^s``.
+
+    Chapter 5's boundary: the long-run law can describe a head's target mass only where
+    ``n e^-kappa >> 1``; where ``n e^-kappa <~ 1`` a few large terms (aliases) rule the sum. The two
+    sides are shaded.
+
+    Args:
+        reach: per head, ``n e^-kappa`` (> 0; drawn on a log axis).
+        r2: per head, the coefficient of determination of the law (drawn clipped at ``floor``).
+        kind: per head, how accuracy falls (one colour each).
+        labels: per head hover text.
+        alias_side: heads at or below this reach are the side where aliases must dominate.
+        law_side: heads at or above this reach are the side where the law must hold.
+        threshold: drawn as a dashed line (the R^2 the law must reach).
+        symbol_by: optional per-head regime names (one marker symbol each).
+
+    Raises:
+        ValueError: the per-head arguments differ in length, a reach is not positive, or
+            ``alias_side >= law_side``.
+
+    Source: chapter 5, "The long-run law" (the orbit average and its peakiness kappa).
+    """
+    reach = np.asarray(reach, dtype=float)
+    if not (reach > 0).all():
+        raise ValueError(f"reach must be positive (a log axis); got min {reach.min():.3g}")
+    if not 0 < alias_side < law_side:
+        raise ValueError(f"alias_side and law_side must satisfy 0 < alias_side < law_side; "
+                         f"got {alias_side}, {law_side}")
+    fig = _r2_scatter(reach, r2, kind, labels, title, "n e^-κ = %{x:.3g}", floor, threshold, symbol_by)
+    lo = float(np.log10(min(reach.min(), alias_side))) - 0.3
+    hi = float(np.log10(max(reach.max(), law_side))) + 0.3
+    # the sides' labels sit under the points clipped at the floor, clear of the R^2 line's label
+    # shapes take data units on a log axis, annotations log10 units
+    fig.add_vrect(x0=10 ** lo, x1=alias_side, fillcolor="#d62728", opacity=0.08, line_width=0)
+    fig.add_vrect(x0=law_side, x1=10 ** hi, fillcolor="#2ca02c", opacity=0.1, line_width=0)
+    for x, text, anchor in ((lo, f"≤ {alias_side:g}: aliases", "left"), (hi, f"≥ {law_side:g}: law", "right")):
+        fig.add_annotation(x=x, xref="x", y=0, yref="paper", text=text, showarrow=False, xanchor=anchor,
+                           yanchor="bottom", xshift=4 if anchor == "left" else -4, yshift=4)
+    fig.update_xaxes(title="n e^-κ (log scale)", type="log", range=[lo, hi], exponentformat="power")
+    fig.update_yaxes(range=[floor - 0.3, 1.05])
     return fig
 
 
@@ -1438,6 +1545,59 @@ def scaled_vs_plain_mass(lengths, plain, scaled, title: str) -> go.Figure:
     fig.update_layout(title=title)
     fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log")
     fig.update_yaxes(title="attention mass on the target, p(L)", range=[0, 1.02])
+    return fig
+
+
+def distractor_ratio_by_head(lengths, plain, scaled, title: str, train_len: int | None = None) -> go.Figure:
+    """The distractor-to-target weight ``1/p - 1`` of each head against length, plain and scaled logits.
+
+    One thin line per head and setting (a log axis: a band of min..max would hide the heads), solid for
+    plain logits and dashed for a length-aware logit scale.
+
+    Args:
+        lengths: ``n`` tokens.
+        plain, scaled: ``[M, n]`` target mass ``p`` of the same heads (each in ``(0, 1]``).
+        title: figure title.
+        train_len: drawn as a vertical line (optional).
+
+    Returns:
+        a plotly ``Figure`` with log axes.
+
+    Raises:
+        ValueError: ``plain`` and ``scaled`` are not both ``[M, n]`` with ``n = len(lengths)``, or a mass is
+            outside ``(0, 1]``.
+
+    Source: chapter 5, "Intervening on the law".
+    """
+    lengths = np.asarray(lengths)
+    plain, scaled = np.asarray(plain, dtype=float), np.asarray(scaled, dtype=float)
+    if plain.ndim != 2 or plain.shape != scaled.shape or plain.shape[1] != len(lengths):
+        raise ValueError(f"plain and scaled must both be [M, {len(lengths)}]; got {plain.shape}, {scaled.shape}")
+    if not ((plain > 0) & (plain <= 1) & (scaled > 0) & (scaled <= 1)).all():
+        raise ValueError("plain and scaled must hold target masses p in (0, 1]")
+    fig = go.Figure()
+    ratios = []
+    for i, (name, p, dash) in enumerate((("plain softmax", plain, "solid"),
+                                         ("logits times c_L", scaled, "dash"))):
+        color = PALETTE[i]
+        for m, row in enumerate(p):
+            ratio = _distractor_ratio(row)
+            ratios.append(ratio)
+            fig.add_trace(go.Scatter(x=lengths, y=ratio, mode="lines", name=f"{name} ({len(p)} heads)",
+                                     legendgroup=name, showlegend=m == 0,
+                                     line=dict(color=color, width=1.5, dash=dash), opacity=0.8,
+                                     hovertemplate=f"head {m}, {name}: " + "L=%{x}: 1/p - 1 = %{y:.2e}<extra></extra>"))
+    if train_len is not None:
+        _log_x_marker(fig, train_len, line=dict(color="gray", dash="dot", width=1))
+    ys = np.concatenate(ratios)
+    ys = ys[ys > 0]
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="sequence length L (tokens, log scale)", type="log", tickvals=lengths.tolist(),
+                     ticktext=[str(int(L)) if i % 2 == 0 else "" for i, L in enumerate(lengths)],
+                     range=[float(np.log10(lengths.min())) - 0.1, float(np.log10(lengths.max())) + 0.1])
+    fig.update_yaxes(title="1/p − 1: distractors' weight / target's (log scale)", type="log",
+                     exponentformat="power",
+                     range=[float(np.log10(ys.min())) - 0.3, float(np.log10(ys.max())) + 0.3] if ys.size else None)
     return fig
 
 

@@ -563,7 +563,7 @@ ONE_VALUE = {
              "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
              "zoo.shift_violation"},
-    "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap",
+    "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap", "plots.r2_vs_reach",
                "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel
     "mean_field": {"plots.dilution_panel"}, "alias_distance": set(),
