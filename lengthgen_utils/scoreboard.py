@@ -45,7 +45,7 @@ def claims_dir() -> Path:
     return Path(value) if value else REPO_ROOT / "_build" / "claims"
 
 
-def record_claim(claim: str, status: str, summary: str, numbers: dict | None = None, chapter: str = "") -> dict:
+def record_claim(claim: str, status: str, summary: str, numbers: dict | None = None, chapter: str = "") -> None:
     """Record what a chapter's checks established about ``claim`` (written atomically as ``<claim>.json``).
 
     Args:
@@ -55,8 +55,8 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
         numbers: the key numbers, ``{name: value}`` (JSON numbers or strings).
         chapter: the chapter that checked it (e.g. ``"chapters/04_carrier_kernel"``).
 
-    Returns:
-        the record (also written to :func:`claims_dir`).
+    The record is written to :func:`claims_dir` (nothing is returned, so a checks cell that ends with this
+    call shows nothing more).
 
     Raises:
         ValueError: an unknown claim or status. TypeError: numbers JSON cannot hold.
@@ -75,7 +75,6 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, folder / f"{claim.replace(':', '_')}.json")
-    return record
 
 
 def load_claims() -> dict:
