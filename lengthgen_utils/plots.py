@@ -129,7 +129,7 @@ def fit_to_column(fig) -> dict:
         top += SUBPLOT_TITLE_PX  # a subplot title stands on the top panel
     for n, slider in enumerate(sliders):  # between the title and the plot, full width, the first on top
         below = (len(sliders) - 1 - n) * SLIDER_PX
-        slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18 + below, l=0, r=0))
+        slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18 + below, l=24, r=24))
         slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13, "color": "#2a3f5f"})
         if len(slider.get("steps", [])) > SLIDER_LABELS_MAX:  # the current value names the step
             slider["font"] = {**slider.get("font", {}), "color": "rgba(0,0,0,0)"}
