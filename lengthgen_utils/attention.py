@@ -17,6 +17,7 @@ dtype's rounding. Source: Vaswani et al. 2017, eq. (1); Katharopoulos et al. 202
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -188,11 +189,15 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = Fal
     """Causal softmax attention, query ``i`` sees keys ``0 .. i``, with an optional additive score bias.
 
     Args:
-        q, k, v: ``[..., L, d_head]``.
+        q, k, v: ``[..., L, d_head]``; the fastest layout is 4-D ``[N, H, L, d_head]`` (any strides
+            with a unit last stride), the one torch's fused CPU kernel takes as it is. Other ranks are
+            reshaped to it.
         return_weights: also return the attention weights ``[..., L, L]``: the explicit path,
             :func:`masked_attention` with :func:`causal_mask`; otherwise torch's fused
             ``scaled_dot_product_attention`` (the same function up to float rounding).
         bias: an optional score bias broadcastable to ``[..., L, L]`` (added after the scaling).
+            On the fused path it is added to a memoised 0 / -inf causal mask and passed as SDPA's
+            ``attn_mask``; a bias that requires grad makes torch take its differentiable (unfused) path.
 
     Returns:
         output ``[..., L, d_head]`` (and weights, if asked).
@@ -205,11 +210,33 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = Fal
     seq_len = q.shape[-2]
     if return_weights or q.dtype in LOW_PRECISION:
         return masked_attention(q, k, v, causal_mask(seq_len, q.device), return_weights=return_weights, bias=bias)
-    if bias is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    mask = torch.zeros(seq_len, seq_len, dtype=q.dtype, device=q.device).masked_fill(
-        ~causal_mask(seq_len, q.device), float("-inf"))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype) + mask)
+    mask = None if bias is None else bias.to(q.dtype) + _additive_causal_mask(seq_len, q.dtype, q.device)
+    return _fused_attention(q, k, v, mask)
+
+
+@lru_cache(maxsize=64)
+def _additive_causal_mask(seq_len: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The 0 / -inf form of :func:`causal_mask` ``[L, L]``, built once per (length, dtype, device); never modify it."""
+    with torch.inference_mode(False):  # usable by autograd whoever built it first
+        return torch.zeros(seq_len, seq_len, dtype=dtype, device=device).masked_fill(
+            ~causal_mask(seq_len, device), float("-inf"))
+
+
+def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """``scaled_dot_product_attention`` on 4-D ``[N, H, L, d]`` inputs (causal when ``mask`` is None).
+
+    Torch's fused CPU kernel takes only 4-D tensors (other ranks fall back to the unfused math), so
+    leading dims are merged into ``N`` (or a unit dim is added) and the output reshaped back.
+    """
+    if q.dim() == 4:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    lead, seq_len = q.shape[:-2], q.shape[-2]
+    heads = lead[-1] if lead else 1
+    q4, k4, v4 = (t.reshape(-1, heads, *t.shape[-2:]) for t in (q, k, v))
+    if mask is not None and mask.dim() > 2:
+        mask = mask.expand(*lead, seq_len, seq_len).reshape(-1, heads, seq_len, seq_len)
+    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=mask is None)
+    return out.reshape(*lead, seq_len, v.shape[-1])
 
 
 # ---------------------------------------------------------------- linear attention
