@@ -173,3 +173,83 @@ def test_experiment_holds_a_task_object_and_rejects_a_name():
     exp = TransformerExperiment(task=LaggedSum(16, 2, 5), eval_lengths=[32, 64])  # a list is stored as a tuple
     assert exp.eval_lengths == (32, 64) and hash(exp) == hash(TransformerExperiment(task=LaggedSum(16, 2, 5),
                                                                                    eval_lengths=(32, 64)))
+
+
+# ---------------------------------------------------------------- the batched layout against a per-model reference
+def reference_logits(model, index, tokens, position_shift=0):
+    """Model ``index`` of an ensemble, written out as one plain model: torch's LayerNorm, explicit masked
+    softmax attention, apply_rope with the model's own pairing, the encoding's embed and score bias.
+
+    Independent of the package's batched layout (no folded norms, no reordered channels, no SDPA)."""
+    from lengthgen_utils.positional import RoPE, apply_rope
+
+    cfg, i = model.config, index
+    b, seq_len = tokens.shape
+    h, dh = cfg.n_heads, cfg.d_head
+    positions = torch.arange(seq_len) + position_shift
+    params = {name: p[i:i + 1] for name, p in model.pe_params.items()}
+
+    def ln(x, w, bias):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], w[i], bias[i], eps=1e-5)
+
+    x = model.embed[i][tokens]  # [B, L, d]
+    added = cfg.pe.embed(params, positions)
+    if added is not None:
+        x = x + added[0]
+    bias = cfg.pe.score_bias(params, positions, positions, h)
+    mask = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    for blk in model.blocks:
+        qkv = ln(x, blk.ln1_w, blk.ln1_b) @ blk.w_qkv[i].T
+        q, k, v = (t.view(b, seq_len, h, dh).transpose(1, 2) for t in qkv.split(cfg.d_model, -1))
+        if isinstance(cfg.pe, RoPE):
+            q, k = (apply_rope(t, positions, cfg.pe.base, cfg.pe.interleaved) for t in (q, k))
+        scores = q @ k.transpose(-1, -2) / dh ** 0.5
+        if bias is not None:
+            scores = scores + bias[0 if bias.shape[0] == 1 else i]
+        att = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        x = x + att.transpose(1, 2).reshape(b, seq_len, cfg.d_model) @ blk.w_out[i].T
+        hidden = torch.nn.functional.gelu(ln(x, blk.ln2_w, blk.ln2_b) @ blk.w_in[i].T + blk.b_in[i])
+        x = x + hidden @ blk.w_mlp_out[i].T + blk.b_mlp_out[i]
+    return ln(x, model.ln_f_w, model.ln_f_b) @ model.unembed[i].T
+
+
+@pytest.mark.parametrize("pe", ["rope", "ape", "nope", "alibi", "rope-interleaved"])
+def test_batched_transformer_equals_a_plain_per_model_reference(pe):
+    """The batched layout (folded norms, fused projections, reordered RoPE channels, 4-D SDPA, the first
+    block's projection looked up per token) computes the textbook model: logits within 1e-5 in float32
+    and 1e-12 in float64, for every model of the ensemble, at a shifted position too."""
+    from lengthgen_utils.positional import RoPE
+
+    encoding = RoPE(interleaved=True) if pe == "rope-interleaved" else pe
+    tokens, _ = DelayedCopy(16, 3).sample(3, 12, gen(4))
+    model = Transformer(16, 2, 4, 32, encoding, max_len=64, n_models=3, seeds=[7, 8, 9])
+    with torch.no_grad():  # trained-looking weights: norms, biases and tables away from their initial values
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen(hash(p.shape) % 1000)))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        m = model.to(dtype)
+        for shift in (0, 5):
+            if pe == "ape" and shift:
+                continue
+            with torch.no_grad():
+                logits = m(tokens, position_shift=shift)
+                for i in range(3):
+                    torch.testing.assert_close(logits[i], reference_logits(m, i, tokens, shift), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("pe", ["rope", "alibi"])
+def test_attention_weights_and_head_scores_follow_the_reference(pe):
+    """return_attention and head_scores return, per layer, [M, B, H, L, L] weights that sum to one over the
+    visible keys and scores whose softmax they are (the reordered RoPE channels change no logit)."""
+    tokens, _ = DelayedCopy(16, 3).sample(2, 10, gen(5))
+    model = Transformer(16, 2, 4, 32, pe, n_models=2)
+    logits, weights = model(tokens, return_attention=True)
+    scores = model.head_scores(tokens)
+    torch.testing.assert_close(logits, model(tokens))
+    assert len(weights) == len(scores) == 2
+    for w, s in zip(weights, scores):
+        assert w.shape == s.shape == (2, 2, 4, 10, 10)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4, 10))
+        assert torch.isinf(s.triu(1)[..., 0, 1:]).all()
+        torch.testing.assert_close(s.softmax(-1), w.detach(), rtol=1e-5, atol=1e-6)
+
