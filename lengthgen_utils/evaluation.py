@@ -14,10 +14,11 @@ from .training import cpu_threads, default_cpu_threads, ensemble_squared_error
 
 
 def _threads(model, num_threads):
-    """The intra-op thread setting for evaluating ``model``: only on the CPU."""
+    """The intra-op thread setting for evaluating ``model``: on the CPU, the count its training uses
+    (:data:`~lengthgen_utils.training.CPU_THREADS`) unless ``num_threads`` says otherwise."""
     if model.device.type != "cpu":
         return cpu_threads(None)
-    return cpu_threads(default_cpu_threads() if num_threads is None else num_threads)
+    return cpu_threads(default_cpu_threads(model) if num_threads is None else num_threads)
 
 
 def _scales(logit_scale, n_lengths: int) -> list[float]:
@@ -50,7 +51,7 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
         seed: evaluation seed.
         batch_size: sequences per forward pass (memory only; results do not depend on it).
         num_threads: intra-op CPU threads when the model is on the CPU; default
-            :func:`~lengthgen_utils.training.default_cpu_threads`.
+            :func:`~lengthgen_utils.training.default_cpu_threads` of the model.
         logit_scale: None, or one positive factor per length multiplying every attention logit
             (a test-time, length-aware temperature; softmax heads; chapter 5).
 
@@ -110,8 +111,10 @@ def target_attention_mass(model, offset, lengths) -> Tensor:
         if seq_len < int(offsets.max()) + 2:
             raise ValueError(f"lengths[{col}]={seq_len} is too short for offset {int(offsets.max())} "
                              f"(needs >= {int(offsets.max()) + 2})")
-        attn = model.attention_row(seq_len).double().cpu()
-        out[:, col] = attn[rows, seq_len - 1 - offsets]
+    with _threads(model, None):
+        for col, seq_len in enumerate(lengths):
+            attn = model.attention_row(seq_len).double().cpu()
+            out[:, col] = attn[rows, seq_len - 1 - offsets]
     return out
 
 
@@ -131,10 +134,11 @@ def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: i
     tasks = as_task_list(task, model.n_models)
     gen = torch.Generator().manual_seed(seed)
     out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
-    for col, seq_len in enumerate(lengths):
-        tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
-        outputs, _ = model(tokens)
-        out[:, col] = ensemble_squared_error(outputs.double(), query_targets(tasks, tokens)).cpu()
+    with _threads(model, None):
+        for col, seq_len in enumerate(lengths):
+            tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
+            outputs, _ = model(tokens)
+            out[:, col] = ensemble_squared_error(outputs.double(), query_targets(tasks, tokens)).cpu()
     return out
 
 

@@ -497,11 +497,12 @@ class Transformer(EnsembleModel):
         q, k and v; queries and keys are rotated together. ``token_rows`` (``[M, B*L]``, rows of the
         stacked embedding tables) says that ``x`` is nothing but token embeddings (the first block of
         a model whose encoding adds nothing to the residual stream): then the V rows of each table are
-        projected once and looked up, instead of projecting B*L copies of them. For an encoding whose rotation has a cheaper
-        form on reordered channels (:meth:`~lengthgen_utils.positional.Encoding.dot_product_form`,
-        e.g. RoPE's half-split pairing), the query and key rows of ``W_QKV`` are reordered and that
-        form is used: the logits ``q . k`` are the same, the channels of the returned ``q`` and ``k``
-        are in that order.
+        projected once and looked up, instead of projecting B*L copies of them.
+
+        For an encoding whose rotation has a cheaper form on reordered channels
+        (:meth:`~lengthgen_utils.positional.Encoding.dot_product_form`, e.g. RoPE's half-split
+        pairing), the query and key rows of ``W_QKV`` are reordered and that form is used: the
+        logits ``q . k`` are the same, the channels of the returned ``q`` and ``k`` are in that order.
         """
         m, n_heads, d_head = self.n_models, self.n_heads, self.config.d_head
         seq_len = x.shape[1] // batch

@@ -22,7 +22,7 @@ from lengthgen_utils import runners
 from lengthgen_utils.__main__ import format_sweep_table, main
 from lengthgen_utils.cache import cache_description, load_or_run
 from lengthgen_utils.configs import RetrievalExperiment, RetrievalSweep
-from lengthgen_utils.models import RetrievalHead
+from lengthgen_utils.models import RetrievalHead, Transformer
 from lengthgen_utils.positional import LearnedAPE, RoPE, apply_rope, get_encoding, rope_cos_sin
 from lengthgen_utils.profiles import PROFILES, Profile
 from lengthgen_utils.runners import run_retrieval, run_sweep
@@ -164,11 +164,62 @@ def test_cpu_threads_restores_the_setting(monkeypatch):
     with cpu_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
-    monkeypatch.setenv("LENGTHGEN_THREADS", "2")
-    assert default_cpu_threads() == 2
+    monkeypatch.delenv("LENGTHGEN_THREADS", raising=False)
+    assert default_cpu_threads() == default_cpu_threads("single-head") == 1
+    assert default_cpu_threads("transformer") == min(2, os.cpu_count())
+    assert default_cpu_threads(Transformer(8, 1, 2, 8)) == default_cpu_threads("transformer")
+    assert default_cpu_threads(RetrievalHead()) == 1
+    with pytest.raises(ValueError, match="path"):
+        default_cpu_threads("mlp")
+    monkeypatch.setenv("LENGTHGEN_THREADS", "3")
+    assert default_cpu_threads() == default_cpu_threads("transformer") == 3  # the override applies to every path
     monkeypatch.setenv("LENGTHGEN_THREADS", "zero")
     with pytest.raises(ValueError, match="LENGTHGEN_THREADS"):
         default_cpu_threads()
+
+
+def _threads_seen(model, run) -> set:
+    """The intra-op thread counts in force during ``model``'s forward passes while ``run()`` executes."""
+    seen = set()
+    handle = model.register_forward_pre_hook(lambda *_: seen.add(torch.get_num_threads()))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("threads_env", [None, "1"])
+def test_training_and_evaluation_of_each_model_use_its_paths_thread_count(monkeypatch, threads_env):
+    """The rule lives in one place (training.CPU_THREADS): the single head trains and is evaluated with
+    1 thread, the transformer with 2 (capped at the cores); $LENGTHGEN_THREADS overrides both; the count
+    of the process is restored afterwards."""
+    from lengthgen_utils.evaluation import squared_error_by_length, token_accuracy_by_position
+    from lengthgen_utils.models import KernelHead
+    from lengthgen_utils.tasks import DelayedCopy
+    from lengthgen_utils.training import train_sequence, train_squared_loss
+
+    if threads_env is None:
+        monkeypatch.delenv("LENGTHGEN_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("LENGTHGEN_THREADS", threads_env)
+    before = torch.get_num_threads()
+    want_head = 1
+    want_transformer = 1 if threads_env else min(2, os.cpu_count())
+    task = FixedOffsetRetrieval(16, 3)
+    head = RetrievalHead(n_models=2)
+    assert _threads_seen(head, lambda: train(head, task, steps=2, batch_size=8, device="cpu")) == {want_head}
+    from lengthgen_utils.evaluation import accuracy_by_length
+    assert _threads_seen(head, lambda: accuracy_by_length(head, task, [16], n_samples=8)) == {want_head}
+    kernel = KernelHead(n_models=2)
+    assert _threads_seen(kernel, lambda: train_squared_loss(kernel, task, steps=2, batch_size=8,
+                                                            device="cpu")) == {want_head}
+    assert _threads_seen(kernel, lambda: squared_error_by_length(kernel, task, [16], n_samples=8)) == {want_head}
+    model, copy = Transformer(16, 1, 2, 16, n_models=2), DelayedCopy(16, 2)
+    assert _threads_seen(model, lambda: train_sequence(model, copy, steps=2, batch_size=4, train_len=8,
+                                                       device="cpu")) == {want_transformer}
+    assert _threads_seen(model, lambda: token_accuracy_by_position(model, copy, 16, n_samples=4)) == {want_transformer}
+    assert torch.get_num_threads() == before
 
 
 # ---------------------------------------------------------------- the results cache
@@ -207,17 +258,40 @@ def test_cache_miss_then_hit(tmp_path):
     assert status3 == "miss" and len(list(tmp_path.glob("*.pt"))) == 2
 
 
-def test_cache_key_covers_config_version_code_torch_and_device(monkeypatch):
+def test_cache_key_covers_config_version_code_torch_device_and_threads(monkeypatch):
     base = cache_description(ToyConfig(), "cpu")
     key = lg_cache.make_key(base)
     assert base["config"] == {"class": "ToyConfig", "size": 3, "scale": 1.5}
     assert lg_cache.make_key(cache_description(ToyConfig(scale=1.50001), "cpu")) != key
     assert lg_cache.make_key(cache_description(ToyConfig(), "cuda")) != key
+    # the intra-op thread count changes float rounding: part of the key on the CPU, not on a GPU
+    one, two = (lg_cache.make_key(cache_description(ToyConfig(), "cpu", n)) for n in (1, 2))
+    assert len({key, one, two}) == 3
+    assert cache_description(ToyConfig(), "cuda", 2) == cache_description(ToyConfig(), "cuda", 1)
     monkeypatch.setattr(lg_cache, "__version__", "9.9.9")
     assert lg_cache.make_key(cache_description(ToyConfig(), "cpu")) != key
     monkeypatch.setattr(lg_cache, "_FINGERPRINT", "0" * 16)
     assert cache_description(ToyConfig(), "cpu")["code"] == "0" * 16
     assert {"lengthgen_utils", "code", "torch", "device"} <= set(base)
+
+
+def test_a_transformer_result_is_cached_per_thread_count(tmp_path, monkeypatch):
+    """run_transformer keys its entry by the thread count it trains with: another count is another entry,
+    the same count a hit (the loaded weights are the ones stored)."""
+    from lengthgen_utils.configs import TransformerExperiment
+    from lengthgen_utils.runners import run_transformer
+
+    exp = TransformerExperiment(d_model=16, n_heads=2, n_layers=1, batch_size=4, steps=2, n_seeds=1,
+                                eval_samples=2, eval_lengths=(32,))
+    monkeypatch.setenv("LENGTHGEN_THREADS", "1")
+    first = run_transformer(exp, device="cpu", cache=tmp_path)
+    monkeypatch.setenv("LENGTHGEN_THREADS", "2")
+    run_transformer(exp, device="cpu", cache=tmp_path)
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+    monkeypatch.setenv("LENGTHGEN_THREADS", "1")
+    again = run_transformer(exp, device="cpu", cache=tmp_path)
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+    assert torch.equal(again.loss_history, first.loss_history)
 
 
 def test_stale_entry_of_another_version_is_not_used(tmp_path, monkeypatch):
