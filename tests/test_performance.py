@@ -504,9 +504,28 @@ def test_benchmark_smoke(capsys):
     from lengthgen_utils import bench
 
     assert bench.main(["--sizes", "1", "2", "--steps", "2", "--reps", "1", "--seq-models", "1", "--sweep", "none",
-                       "--no-thread-comparison", "--device", "cpu"]) == 0
+                       "--no-thread-comparison", "--device", "cpu", "--tf-sizes", "1", "2", "--tf-threads", "1",
+                       "--tf-steps", "2", "--tf-reps", "1", "--no-compile"]) == 0
     out = capsys.readouterr().out
     assert "model-steps/s" in out and "MFLOP" in out and "ratio" in out
+    # section 5: the package's transformer and its peers, side by side, training the same models
+    rows = [line.split()[0] for line in out.splitlines() if line.strip().startswith(("package", "plain", "vmap"))]
+    assert rows[:3] == ["package", "plain", "vmap"], rows
+    agreement = next(line for line in out.splitlines() if "trains the same models" in line)
+    assert float(agreement.rsplit("=", 1)[1]) < 1e-4, agreement
+    assert "torch.compile: skipped" in out and "M=2: package" in out
+
+
+def test_benchmark_peers_are_the_package_model():
+    """The benchmark's plain model, given the package model's weights, computes the same logits (the peers
+    train the same function, so their speed is comparable)."""
+    from lengthgen_utils import bench
+
+    model = Transformer(16, 2, 4, 64, "rope", max_len=32, n_models=2)
+    tokens, _ = bench.tf_batches(1)[0]
+    with torch.no_grad():
+        for i in range(2):
+            torch.testing.assert_close(bench.plain_copy(model, i)(tokens), model(tokens)[i], rtol=1e-5, atol=1e-5)
 
 
 def test_cli_runs_the_transformer_suite(monkeypatch, tmp_path, capsys):
