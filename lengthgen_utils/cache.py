@@ -45,7 +45,8 @@ MAGIC = b"LENGTHGEN-CACHE 1\n"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = _PACKAGE_DIR.parent
 # Modules whose code cannot change a cached number (figures, widgets, command-line front ends).
-_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "__main__.py", "profiles.py", "scoreboard.py"}
+_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "buildtime.py", "__main__.py", "profiles.py",
+                      "scoreboard.py"}
 
 
 class CorruptEntry(Exception):

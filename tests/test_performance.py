@@ -539,3 +539,30 @@ def test_cli_runs_the_transformer_suite(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("rope ", "ape ", "nope "))]
     assert rows == ["rope", "ape", "nope"] and "t >= 32 @256" in out and "wall time" in out
+
+
+def test_buildtime_runs_the_toc_in_order_and_gives_kernels_this_checkout_and_a_fresh_cache(tmp_path, monkeypatch):
+    """The per-chapter timing script runs _toc.yml's notebooks in the book's order, and the kernels it starts
+    import this checkout's package with the cache and claims folders it chose (a notebook that checks them
+    fails otherwise)."""
+    import nbformat
+
+    from lengthgen_utils import buildtime
+
+    names = [p.name for p in buildtime.toc_notebooks()]
+    assert names and names == sorted(names) and names[0].startswith("01_")
+    env = buildtime.kernel_environment(tmp_path / "cache", tmp_path / "claims", "quick")
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(f"""
+        import os, lengthgen_utils
+        from lengthgen_utils.cache import cache_dir
+        assert lengthgen_utils.__file__.startswith({str(REPO)!r}), lengthgen_utils.__file__
+        assert str(cache_dir()) == {str(tmp_path / "cache")!r} and os.environ["LENGTHGEN_PROFILE"] == "quick"
+        """)), nbformat.v4.new_code_cell("assert False, 'a failing check'")]
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(nb, path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    seconds, error = buildtime.execute(path, timeout=120)
+    assert seconds > 0 and error is not None and "a failing check" in error  # the first cell passed
