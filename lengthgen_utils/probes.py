@@ -337,13 +337,13 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             torch.Generator().manual_seed(seed), device=model.device)
     scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
-    queries = torch.arange(min_query, seq_len)
+    queries = torch.arange(min_query, seq_len, device=model.device)
+    distances = torch.arange(min_query + 1, device=model.device)
+    keys = queries[None, :] - distances[:, None]  # [d, query]: every averaged query sees every distance
     logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
     weight = logit.clone()
     for layer, s in enumerate(scores):
-        w = s.softmax(-1)
-        for d in range(min_query + 1):
-            keys = queries - d
-            logit[:, layer, :, d] = s[..., queries, keys].double().mean((1, 3)).cpu()
-            weight[:, layer, :, d] = w[..., queries, keys].double().mean((1, 3)).cpu()
+        for out, values in ((logit, s), (weight, s.softmax(-1))):
+            picked = values[..., queries.expand_as(keys), keys]  # [M, B, H, d, query]: one gather for all d
+            out[:, layer, :, : min_query + 1] = picked.double().mean((1, 4)).cpu()
     return logit, weight
