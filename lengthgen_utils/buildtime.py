@@ -7,7 +7,8 @@ Executes every notebook chapter listed in ``_toc.yml``, in the book's order, wit
    clone computes everything;
 2. **warm**: again with the cache the first pass filled, as a rebuild does.
 
-and prints a table: chapter, seconds cold, seconds warm, and the totals. The kernels it starts
+and prints a table: chapter, seconds cold, seconds warm, and the totals (with each kernel's CPU
+seconds beside them: on a busy machine they show what the chapter itself cost). The kernels it starts
 get ``PYTHONPATH`` (this repository first, so they import this checkout's package),
 ``LENGTHGEN_PROFILE``, ``LENGTHGEN_CACHE`` (the temporary folder) and ``LENGTHGEN_CLAIMS`` (a
 temporary folder, so the book's scoreboard records are left alone). Each time is the wall
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -62,21 +64,31 @@ def toc_notebooks(root: Path = REPO_ROOT) -> list[Path]:
     return [p for p in dict.fromkeys(paths) if p.is_file()]
 
 
-def execute(path: Path, timeout: int) -> tuple[float, str | None]:
-    """Execute one notebook in a fresh kernel (outputs discarded); returns (seconds, error or None)."""
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def execute(path: Path, timeout: int) -> tuple[float, str | None, float]:
+    """Execute one notebook in a fresh kernel (outputs discarded).
+
+    Returns:
+        ``(seconds, error, cpu_seconds)``: wall seconds, None or what failed, and the CPU seconds
+        (user + system, every thread) of the kernel, which has ended when this returns.
+    """
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
-    start = time.perf_counter()
+    cpu0, start = _children_cpu_seconds(), time.perf_counter()
     try:
         client.execute()
         error = None
     except Exception as err:  # a failing cell (e.g. a claim check), a timeout, a dead kernel
         error = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else ''}"
-    return time.perf_counter() - start, error
+    return time.perf_counter() - start, error, _children_cpu_seconds() - cpu0
 
 
 def kernel_environment(cache: Path, claims: Path, profile: str) -> dict:
@@ -109,15 +121,17 @@ def main(argv=None) -> int:
           f"load average {load0}", flush=True)
     passes = ("cold", "warm")[: 1 if args.cold_only else 2]
     times = {name: {} for name in passes}
+    cpu = {name: {} for name in passes}
     failed = []
     try:
         for name in passes:
             print(f"[{name}] results cache {'empty' if name == 'cold' else 'filled by the cold pass'}: "
                   f"{work / 'cache'}", flush=True)
             for path in notebooks:
-                seconds, error = execute(path, args.timeout)
+                seconds, error, cpu[name][path] = execute(path, args.timeout)
                 times[name][path] = seconds
-                print(f"  {path.stem:<40} {seconds:7.1f} s" + (f"  FAILED: {error}" if error else ""), flush=True)
+                print(f"  {path.stem:<40} {seconds:7.1f} s (kernel CPU {cpu[name][path]:.1f} s)"
+                      + (f"  FAILED: {error}" if error else ""), flush=True)
                 if error:
                     failed.append((name, path.stem, error))
     finally:
@@ -129,10 +143,15 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
     print()
-    print(f"{'chapter':<40}" + "".join(f"{'seconds ' + name:>15}" for name in passes))
+    print(f"{'chapter':<40}" + "".join(f"{'seconds ' + name:>15}" for name in passes)
+          + "".join(f"{'CPU s ' + name:>13}" for name in passes))
     for path in notebooks:
-        print(f"{path.stem:<40}" + "".join(f"{times[name][path]:>15.1f}" for name in passes))
-    print(f"{'total':<40}" + "".join(f"{sum(times[name].values()):>15.1f}" for name in passes))
+        print(f"{path.stem:<40}" + "".join(f"{times[name][path]:>15.1f}" for name in passes)
+              + "".join(f"{cpu[name][path]:>13.1f}" for name in passes))
+    print(f"{'total':<40}" + "".join(f"{sum(times[name].values()):>15.1f}" for name in passes)
+          + "".join(f"{sum(cpu[name].values()):>13.1f}" for name in passes))
+    print("(seconds: wall time of each notebook, kernel start included; CPU s: the kernel's user + system "
+          "time over all its threads)")
     print(f"\nload average at the end: {load1} on {os.cpu_count()} cores"
           + (" (other processes were competing for the CPU: these times are longer than on an idle machine)"
              if load0 and load1 and max(load0[0], load1[0]) > 0.75 * (os.cpu_count() or 1) else ""))

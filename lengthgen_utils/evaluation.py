@@ -10,15 +10,13 @@ from torch import Tensor
 
 from ._validate import check_int, check_int_sequence, check_positive_float, per_model_ints
 from .tasks import IGNORE_INDEX, as_task_list, query_targets
-from .training import cpu_threads, default_cpu_threads, ensemble_squared_error
+from .training import ensemble_squared_error, model_threads
 
 
 def _threads(model, num_threads):
     """The intra-op thread setting for evaluating ``model``: on the CPU, the count its training uses
     (:data:`~lengthgen_utils.training.CPU_THREADS`) unless ``num_threads`` says otherwise."""
-    if model.device.type != "cpu":
-        return cpu_threads(None)
-    return cpu_threads(default_cpu_threads(model) if num_threads is None else num_threads)
+    return model_threads(model, num_threads)
 
 
 def _scales(logit_scale, n_lengths: int) -> list[float]:

@@ -17,7 +17,7 @@ from ._validate import check_int, check_int_sequence
 from .attention import attention_scores, causal_mask, row_weights
 from .positional import RoPE, rope_angles
 from .tasks import as_task_list, query_targets
-from .training import ensemble_cross_entropy
+from .training import ensemble_cross_entropy, model_threads
 
 
 # ---------------------------------------------------------------- equivariance (chapter 2)
@@ -186,8 +186,10 @@ def shift_invariance(model, tokens: Tensor, shifts=(1, 1000, 100000)) -> dict:
         out = model(tokens, position_shift=shift)
         return out[0] if isinstance(out, tuple) else out
 
-    base = logits(0)
-    return {shift: float((logits(shift) - base).abs().max()) for shift in check_int_sequence("shifts", shifts)}
+    shifts = check_int_sequence("shifts", shifts)
+    with model_threads(model):  # the thread count the model is trained and evaluated with
+        base = logits(0)
+        return {shift: float((logits(shift) - base).abs().max()) for shift in shifts}
 
 
 # ---------------------------------------------------------------- pinning (chapter 3)
@@ -336,7 +338,8 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
     min_query = seq_len // 2 if min_query is None else check_int("min_query", min_query, 0, seq_len - 1)
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             torch.Generator().manual_seed(seed), device=model.device)
-    scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
+    with model_threads(model):  # the thread count the model is trained and evaluated with
+        scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
     queries = torch.arange(min_query, seq_len, device=model.device)
     distances = torch.arange(min_query + 1, device=model.device)
     keys = queries[None, :] - distances[:, None]  # [d, query]: every averaged query sees every distance

@@ -82,6 +82,14 @@ def default_cpu_threads(path="single-head") -> int:
     return n
 
 
+def model_threads(model, num_threads: int | None = None):
+    """A :func:`cpu_threads` block for computing with ``model``: on the CPU, ``num_threads`` or its path's
+    count (:func:`default_cpu_threads`); on another device, the setting is left alone."""
+    if model.device.type != "cpu":
+        return cpu_threads(None)
+    return cpu_threads(default_cpu_threads(model) if num_threads is None else num_threads)
+
+
 @contextmanager
 def cpu_threads(n: int | None):
     """Run the block with ``torch.set_num_threads(n)``, restoring the previous count afterwards.

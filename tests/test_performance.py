@@ -219,6 +219,10 @@ def test_training_and_evaluation_of_each_model_use_its_paths_thread_count(monkey
     assert _threads_seen(model, lambda: train_sequence(model, copy, steps=2, batch_size=4, train_len=8,
                                                        device="cpu")) == {want_transformer}
     assert _threads_seen(model, lambda: token_accuracy_by_position(model, copy, 16, n_samples=4)) == {want_transformer}
+    from lengthgen_utils.probes import head_offset_profiles, shift_invariance
+    tokens, _ = copy.sample(2, 16, torch.Generator().manual_seed(0))
+    assert _threads_seen(model, lambda: shift_invariance(model, tokens, (1, 7))) == {want_transformer}
+    assert _threads_seen(model, lambda: head_offset_profiles(model, copy, 16, n_samples=2)) == {want_transformer}
     assert torch.get_num_threads() == before
 
 
@@ -564,5 +568,5 @@ def test_buildtime_runs_the_toc_in_order_and_gives_kernels_this_checkout_and_a_f
     nbformat.write(nb, path)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    seconds, error = buildtime.execute(path, timeout=120)
-    assert seconds > 0 and error is not None and "a failing check" in error  # the first cell passed
+    seconds, error, cpu = buildtime.execute(path, timeout=120)
+    assert seconds > 0 and cpu > 0 and error is not None and "a failing check" in error  # the first cell passed
