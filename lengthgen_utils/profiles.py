@@ -62,7 +62,7 @@ PROFILES = {
                                       eval_samples=32).items()),
     "default": Profile("default", n_seeds=8, steps=2000, batch_size=256, eval_samples=2048,
                        length_multiples=(1, 2, 4, 8, 16), offsets=(1, 2, 3, 5),
-                       transformer=dict(d_model=64, batch_size=32, steps=600, lr=2e-3, n_seeds=3,
+                       transformer=dict(d_model=64, batch_size=32, steps=300, lr=2e-3, n_seeds=3,
                                         eval_samples=128).items()),
     "full": Profile("full", n_seeds=16, steps=4000, batch_size=256, eval_samples=4096,
                     length_multiples=(1, 2, 4, 8, 16, 32, 64), offsets=(1, 2, 3, 5, 8),
