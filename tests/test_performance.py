@@ -179,13 +179,23 @@ def test_cpu_threads_restores_the_setting(monkeypatch):
 
 
 def _threads_seen(model, run) -> set:
-    """The intra-op thread counts in force during ``model``'s forward passes while ``run()`` executes."""
+    """The intra-op thread counts in force whenever ``model`` computes (its forward passes, and the
+    transformer's block loop, which head_scores runs without forward) while ``run()`` executes."""
     seen = set()
     handle = model.register_forward_pre_hook(lambda *_: seen.add(torch.get_num_threads()))
+    if hasattr(model, "_run"):
+        inner = model._run
+
+        def recording_run(*args, **kwargs):
+            seen.add(torch.get_num_threads())
+            return inner(*args, **kwargs)
+
+        model._run = recording_run
     try:
         run()
     finally:
         handle.remove()
+        model.__dict__.pop("_run", None)
     return seen
 
 
