@@ -381,7 +381,31 @@ def _norm_linear(x: Tensor, ln_weight: Tensor, ln_bias: Tensor, weight: Tensor, 
     shift = torch.bmm(ln_bias[:, None, :], weight.transpose(1, 2))  # W s: [M, 1, out]
     if bias is not None:
         shift = shift + bias[:, None, :]
-    return torch.baddbmm(shift, F.layer_norm(x, x.shape[-1:]), (weight * ln_weight[:, None, :]).transpose(1, 2))
+    return _baddbmm(shift, F.layer_norm(x, x.shape[-1:]), (weight * ln_weight[:, None, :]).transpose(1, 2))
+
+
+def _baddbmm(start: Tensor, x: Tensor, weight_t: Tensor) -> Tensor:
+    """``start + x @ weight_t`` per model: ``start [M, N or 1, out]``, ``x [M, N, in]``, ``weight_t [M, in, out]``.
+
+    A batched matmul gives each thread whole matmuls, so 3 models on 2 threads leave one thread idle a
+    third of the time. With ``T = torch.get_num_threads() > 1`` threads (and ``N`` divisible by ``T``),
+    each model's ``N`` rows are cut into ``T`` blocks and the ``M * T`` block products run as one
+    batched matmul: equal work per thread for any ``M``. The blocks depend on ``T`` only, never on
+    ``M``, so a model computes the same numbers in any ensemble.
+    """
+    m, n, _ = x.shape
+    blocks = torch.get_num_threads()
+    if blocks == 1 or n % blocks:
+        return torch.baddbmm(start, x, weight_t)
+
+    def row_blocks(t):  # [M, N, k] -> [M * T, N / T, k]
+        return t.reshape(m * blocks, n // blocks, t.shape[-1])
+
+    def repeated(t):  # [M, a, b] -> [M * T, a, b], each model's copy once per block
+        return t.unsqueeze(1).expand(m, blocks, *t.shape[1:]).reshape(m * blocks, *t.shape[1:])
+
+    start = row_blocks(start) if start.shape[1] == n else repeated(start)
+    return torch.baddbmm(start, row_blocks(x), repeated(weight_t)).view(m, n, -1)
 
 
 @dataclass(frozen=True)
@@ -555,9 +579,9 @@ class Transformer(EnsembleModel):
                     weights = scores.masked_fill(~causal_mask(seq_len, self.device), float("-inf"))
                 collected.append(weights.view(m, b, n_heads, seq_len, seq_len))
             out = out.transpose(1, 2).reshape(m, b * seq_len, d_model)  # heads side by side
-            x = torch.baddbmm(x, out, block.w_out.transpose(1, 2))  # x + W_O o
+            x = _baddbmm(x, out, block.w_out.transpose(1, 2))  # x + W_O o
             hidden = F.gelu(_norm_linear(x, block.ln2_w, block.ln2_b, block.w_in, block.b_in))
-            x = torch.baddbmm(x, hidden, block.w_mlp_out.transpose(1, 2)).add_(block.b_mlp_out[:, None])
+            x = _baddbmm(x, hidden, block.w_mlp_out.transpose(1, 2)).add_(block.b_mlp_out[:, None])
         logits = _norm_linear(x, self.ln_f_w, self.ln_f_b, self.unembed)
         return logits.view(m, b, seq_len, -1), collected
 

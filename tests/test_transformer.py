@@ -221,20 +221,22 @@ def test_batched_transformer_equals_a_plain_per_model_reference(pe):
     from lengthgen_utils.positional import RoPE
 
     encoding = RoPE(interleaved=True) if pe == "rope-interleaved" else pe
-    tokens, _ = DelayedCopy(16, 3).sample(3, 12, gen(4))
     model = Transformer(16, 2, 4, 32, encoding, max_len=64, n_models=3, seeds=[7, 8, 9])
     with torch.no_grad():  # trained-looking weights: norms, biases and tables away from their initial values
         for p in model.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen(hash(p.shape) % 1000)))
-    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
-        m = model.to(dtype)
-        for shift in (0, 5):
-            if pe == "ape" and shift:
-                continue
-            with torch.no_grad():
-                logits = m(tokens, position_shift=shift)
-                for i in range(3):
-                    torch.testing.assert_close(logits[i], reference_logits(m, i, tokens, shift), rtol=tol, atol=tol)
+    for seq_len in (12, 40):  # both attention paths (batched matmuls up to 32 keys, SDPA beyond)
+        tokens, _ = DelayedCopy(16, 3).sample(3, seq_len, gen(4))
+        for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+            m = model.to(dtype)
+            for shift in (0, 5):
+                if pe == "ape" and shift:
+                    continue
+                with torch.no_grad():
+                    logits = m(tokens, position_shift=shift)
+                    for i in range(3):
+                        torch.testing.assert_close(logits[i], reference_logits(m, i, tokens, shift), rtol=tol,
+                                                   atol=tol)
 
 
 @pytest.mark.parametrize("pe", ["rope", "alibi"])
@@ -270,3 +272,40 @@ def test_training_a_transformer_ensemble_equals_training_each_model_alone(pe, th
             rel = float((p_alone[0] - p_ens[i]).detach().norm() / p_ens[i].detach().norm())
             assert rel < 1e-6, (i, name, rel)
     assert not torch.allclose(history[:, 0], history[:, 1])  # the seeds really differ
+
+
+@pytest.mark.parametrize("seq_len", [7, 32, 33, 80])
+def test_fast_causal_attention_paths_agree_with_the_explicit_one(seq_len):
+    """causal_attention without weights takes batched matmuls up to SHORT_SEQUENCE keys and SDPA beyond; both
+    equal the explicit masked softmax (1e-5) for inputs of rank 2 to 5, with no bias, a shared bias or one per
+    head, and pass gradients to a learned bias."""
+    from lengthgen_utils.attention import SHORT_SEQUENCE, causal_mask, masked_attention
+
+    assert SHORT_SEQUENCE == 32  # 7 and 32 take the batched path, 33 and 80 SDPA
+    for shape in [(seq_len, 8), (3, seq_len, 8), (2, 3, seq_len, 8), (2, 2, 3, seq_len, 8)]:
+        q, k, v = (torch.randn(*shape, generator=gen(i)) for i in range(3))
+        for bias in (None, torch.randn(seq_len, seq_len, generator=gen(7)),
+                     torch.randn(*shape[:-2], seq_len, seq_len, generator=gen(8))):
+            fast = causal_attention(q, k, v, bias=bias)
+            torch.testing.assert_close(fast, masked_attention(q, k, v, causal_mask(seq_len), bias=bias),
+                                       rtol=1e-5, atol=1e-5)
+    q, k, v = (torch.randn(2, 4, seq_len, 8, generator=gen(i)) for i in range(3))
+    bias = torch.zeros(1, 4, seq_len, seq_len, requires_grad=True)
+    causal_attention(q, k, v, bias=bias).square().sum().backward()
+    assert bias.grad.abs().sum() > 0 and (bias.grad.triu(1) == 0).all()  # masked keys get no gradient
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_row_blocked_batched_matmul_is_the_batched_matmul(threads):
+    """models._baddbmm cuts each model's rows into one block per thread (balanced work for any number of
+    models); it computes start + x @ W^T (1e-6), for a bias row or a full start, whatever N and d_in."""
+    from lengthgen_utils.models import _baddbmm
+    from lengthgen_utils.training import cpu_threads
+
+    for m, n, d_in, d_out in [(3, 12, 12, 5), (2, 7, 4, 6), (1, 16, 8, 16)]:
+        x = torch.randn(m, n, d_in, generator=gen(1))
+        w_t = torch.randn(m, d_out, d_in, generator=gen(2)).transpose(1, 2)
+        for start in (torch.randn(m, 1, d_out, generator=gen(3)), torch.randn(m, n, d_out, generator=gen(4))):
+            with cpu_threads(threads):
+                got = _baddbmm(start, x, w_t)
+            torch.testing.assert_close(got, torch.baddbmm(start, x, w_t), rtol=1e-6, atol=1e-6)
