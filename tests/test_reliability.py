@@ -513,7 +513,7 @@ BAD = {
     "lengths": st.one_of(st.just([]), st.just("16"), st.none(), st.lists(st.integers(max_value=0), min_size=1,
                                                                          max_size=3),
                          st.lists(st.floats(allow_nan=True), min_size=1, max_size=2)),
-    "scales": st.one_of(st.just(["x"]), st.just([float("nan")]), st.just([-1.0]), st.just([]), st.none()),
+    "scales": st.one_of(st.just(["x"]), st.just([float("nan")]), st.just([-1.0]), st.just([])),  # None = no scaling
     "name": st.one_of(st.text(max_size=4).filter(lambda s: s not in positional.ENCODINGS), st.none(), st.just(3)),
     "object": st.one_of(st.text(max_size=3), st.none(), st.just(3)),
 }
