@@ -365,7 +365,8 @@ class KernelHead(Ensemble):
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)
-def _norm_linear(x: Tensor, ln_weight: Tensor, ln_bias: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def _norm_linear(x: Tensor, ln_weight: Tensor, ln_bias: Tensor, weight: Tensor,
+                 bias: Tensor | None = None) -> Tensor:
     """``LayerNorm(x) W^T + b`` per model, with the norm's scale and shift folded into the matmul.
 
     With ``n`` the normalised ``x`` (zero mean, unit variance over the last dim, eps 1e-5),
@@ -546,8 +547,10 @@ class Transformer(EnsembleModel):
         """Run every block; ``collect`` in {None, "weights", "scores"} picks what to return per layer.
 
         Layout: the residual stream is ``[M, B*L, d_model]`` and every weight ``[M, out, in]``, so each
-        projection is one ``bmm``/``baddbmm`` over the models (biases and residual adds fused into it);
-        attention sees ``[M*B, H, L, d_head]``, the 4-D layout of torch's fused CPU kernel.
+        projection is one ``baddbmm`` over the models (biases and residual adds fused into it, rows
+        split evenly over the threads: :func:`_baddbmm`); attention sees ``[M*B, H, L, d_head]``
+        (:func:`~lengthgen_utils.attention.causal_attention`: batched matmuls for short sequences,
+        torch's fused kernel, which takes this 4-D layout, beyond).
         """
         _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
         b, seq_len = tokens.shape
@@ -555,7 +558,8 @@ class Transformer(EnsembleModel):
         positions = _positions(seq_len, position_shift)
         self.check_positions(positions)
         # every model's embedding table stacked into one: model i's token t is row i * V + t
-        rows = tokens.reshape(1, b * seq_len) + torch.arange(m, device=tokens.device)[:, None] * self.config.vocab_size
+        offsets = torch.arange(m, device=tokens.device)[:, None] * self.config.vocab_size
+        rows = tokens.reshape(1, b * seq_len) + offsets
         x = F.embedding(rows, self.embed.reshape(-1, d_model))  # [M, B*L, d]
         added = self.encoding.embed(self.pe_params, positions)
         if added is not None:
