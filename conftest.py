@@ -1,8 +1,15 @@
 """Test-session settings: chapters run in the quick profile unless LENGTHGEN_PROFILE says otherwise.
 
 nbval starts each chapter's kernel from this process's environment, so the
-setting reaches the notebooks too.
+settings reach the notebooks too.
+
+``OMP_WAIT_POLICY=PASSIVE`` (unless set otherwise): the transformer trains with two threads, and
+on a machine where other programs compete for the cores a thread that spins while waiting for
+the other one to get a core back made the transformer chapters several times slower; a passive
+thread yields its core instead. It changes no number (the thread count is the same), and it must
+be set before torch loads its OpenMP runtime, which is why it is set here.
 """
 import os
 
 os.environ.setdefault("LENGTHGEN_PROFILE", "quick")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -17,7 +17,7 @@ import torch
 from . import cache as _cache
 from .profiles import PROFILES, get_profile
 from .runners import SUITE_ENCODINGS, SUITES, SweepResult
-from .training import default_cpu_threads, default_device
+from .training import CPU_THREADS, default_cpu_threads, default_device
 
 
 def format_sweep_table(result: SweepResult) -> str:
@@ -50,10 +50,10 @@ def _run(args) -> int:
     device = torch.device(args.device) if args.device else default_device()
     names = list(SUITES) if args.suite == "all" else [args.suite]
     cache = False if args.no_cache else True
-    threads = default_cpu_threads() if device.type == "cpu" else None
+    threads = ", ".join(f"{path} {default_cpu_threads(path)}" for path in CPU_THREADS) if device.type == "cpu" else None
     print(f"profile {profile.name}: {args.seeds or profile.n_seeds} seeds, {profile.steps} steps, offsets "
           f"{profile.offsets}, attention {profile.attentions}, lengths up to {max(profile.length_multiples)}x; "
-          f"device {device}" + (f" ({threads} intra-op thread(s))" if threads else "")
+          f"device {device}" + (f" (intra-op threads: {threads})" if threads else "")
           + f"; cache {'off' if args.no_cache else _cache.cache_dir()}", flush=True)
     status = 0
     for name in names:

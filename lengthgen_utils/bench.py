@@ -15,7 +15,18 @@ Prints, from one run on one machine:
    trained without the results cache;
 4. matmul FLOPs per model-step (``torch.utils.flop_counter``; elementwise work,
    softmax and the scatter of attention weights are not counted), the
-   achieved FLOP/s, and the share of the machine's nominal peak.
+   achieved FLOP/s, and the share of the machine's nominal peak;
+5. the multi-layer transformer (chapter 7's model: 2 layers, 4 heads, d_model 64,
+   batch 32, length 32, RoPE, AdamW) trained by the package's ``Transformer``
+   ensemble (``train_sequence``) side by side with what a user would write
+   instead, as a tutorial writes it: a plain loop over one ``nn.Module`` per
+   model (``scaled_dot_product_attention(is_causal=True)``, RoPE by
+   ``rotate_half``), the PyTorch model-ensembling recipe
+   (``torch.func.stack_module_state`` + ``vmap``) and the plain loop under
+   ``torch.compile``; every variant starts from the same weights and sees the
+   same batches, at 1 and 2 intra-op threads and 1, 3, 9, 27 models, timed in
+   alternation (median of ``--tf-reps`` rounds). The losses of the variants
+   after the timed steps are compared, so all of them train the same models.
 
 Nothing here is asserted: speed depends on the machine and its load. The
 load average is printed before and after.
@@ -23,22 +34,29 @@ load average is printed before and after.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .configs import RetrievalSweep
 from .profiles import get_profile
 from .runners import run_sweep
-from .models import RetrievalHead
-from .tasks import FixedOffsetRetrieval
-from .training import default_device, train
+from .models import RetrievalHead, Transformer
+from .positional import rope_inverse_frequencies
+from .tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
+from .training import cpu_threads, default_device, train, train_sequence
 
 TASK = FixedOffsetRetrieval(16, 3)
 
@@ -118,6 +136,260 @@ def nominal_peak_flops(threads: int) -> tuple[float | None, str]:
     return threads * ghz * 1e9 * per_cycle, f"{threads} core(s) x {ghz:.2f} GHz x {per_cycle} fp32 FLOP/cycle"
 
 
+# ---------------------------------------------------------------- 5. the transformer against what a user would write
+# Chapter 7's transformer at the default profile's size. The peers below are written as a tutorial
+# writes them (nanoGPT's block, RoPE by rotate_half as in Llama/GPT-NeoX, PyTorch's model-ensembling
+# recipe); they live here, not in the package. Each starts from the package model's weights.
+TF = dict(vocab_size=16, n_layers=2, n_heads=4, d_model=64, batch_size=32, seq_len=32, lr=2e-3, weight_decay=0.05)
+TF_TASK = DelayedCopy(16, 5)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class PlainBlock(nn.Module):
+    """A pre-LN GPT block: causal self-attention (SDPA) with RoPE, then a GELU MLP."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.fc, self.out = nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x, cos, sin):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class PlainGPT(nn.Module):
+    """One model: token embedding, blocks, final LayerNorm, unembedding; RoPE tables as buffers."""
+
+    def __init__(self, vocab_size, n_layers, n_heads, d_model, seq_len):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList([PlainBlock(d_model, n_heads) for _ in range(n_layers)])
+        self.ln_f = nn.LayerNorm(d_model)
+        self.unembed = nn.Linear(d_model, vocab_size, bias=False)
+        angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * rope_inverse_frequencies(d_model // n_heads)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin)
+        return self.unembed(self.ln_f(x))
+
+
+def plain_copy(model: Transformer, index: int) -> PlainGPT:
+    """Model ``index`` of a package ensemble as a :class:`PlainGPT` (the same weights; RoPE half-split)."""
+    cfg = model.config
+    plain = PlainGPT(cfg.vocab_size, cfg.n_layers, cfg.n_heads, cfg.d_model, TF["seq_len"])
+    with torch.no_grad():
+        plain.embed.weight.copy_(model.embed[index])
+        for blk, ours in zip(plain.blocks, model.blocks):
+            pairs = [(blk.ln1.weight, ours.ln1_w), (blk.ln1.bias, ours.ln1_b), (blk.qkv.weight, ours.w_qkv),
+                     (blk.proj.weight, ours.w_out), (blk.ln2.weight, ours.ln2_w), (blk.ln2.bias, ours.ln2_b),
+                     (blk.fc.weight, ours.w_in), (blk.fc.bias, ours.b_in), (blk.out.weight, ours.w_mlp_out),
+                     (blk.out.bias, ours.b_mlp_out)]
+            for mine, theirs in pairs:
+                mine.copy_(theirs[index])
+        plain.ln_f.weight.copy_(model.ln_f_w[index])
+        plain.ln_f.bias.copy_(model.ln_f_b[index])
+        plain.unembed.weight.copy_(model.unembed[index])
+    return plain
+
+
+def tf_batches(steps: int, seed: int = 0) -> list:
+    """The batches ``train_sequence(seed=seed)`` draws, in order."""
+    gen = torch.Generator().manual_seed(seed)
+    return [TF_TASK.sample(TF["batch_size"], TF["seq_len"], gen) for _ in range(steps)]
+
+
+def plain_loop(models, batches, compiled: bool = False) -> torch.Tensor:
+    """Train each model alone with its own AdamW (``torch.compile``'d if asked); returns each one's last loss."""
+    last = []
+    for model in models:
+        run = torch.compile(model) if compiled else model
+        opt = torch.optim.AdamW(model.parameters(), lr=TF["lr"], weight_decay=TF["weight_decay"])
+        for tokens, targets in batches:
+            loss = F.cross_entropy(run(tokens).view(-1, TF["vocab_size"]), targets.view(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        last.append(loss.detach())
+    return torch.stack(last)
+
+
+def vmap_recipe(models, batches) -> torch.Tensor:
+    """PyTorch's model-ensembling recipe, trained: stacked parameters, one vmapped functional call."""
+    from torch.func import functional_call, stack_module_state
+
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+
+    def fmodel(p, b, x):
+        return functional_call(base, (p, b), (x,))
+
+    opt = torch.optim.AdamW(params.values(), lr=TF["lr"], weight_decay=TF["weight_decay"])
+    n = len(models)
+    for tokens, targets in batches:
+        logits = torch.vmap(fmodel, in_dims=(0, 0, None))(params, buffers, tokens)
+        per_token = F.cross_entropy(logits.reshape(-1, TF["vocab_size"]), targets.repeat(n, 1).view(-1),
+                                    reduction="none").view(n, -1)
+        loss = per_token.sum(1) / (targets != IGNORE_INDEX).sum()
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step()
+    return loss.detach()
+
+
+def package_ensemble(n_models: int, steps: int, threads: int) -> tuple[float, torch.Tensor]:
+    """Seconds and last losses of the package's ``train_sequence`` on a fresh ensemble of ``n_models``."""
+    model = Transformer(TF["vocab_size"], TF["n_layers"], TF["n_heads"], TF["d_model"], "rope",
+                        max_len=TF["seq_len"], n_models=n_models)
+    start = time.perf_counter()
+    history = train_sequence(model, TF_TASK, steps=steps, batch_size=TF["batch_size"], lr=TF["lr"],
+                             weight_decay=TF["weight_decay"], train_len=TF["seq_len"], seed=0, device="cpu",
+                             progress=False, num_threads=threads)
+    return time.perf_counter() - start, history[-1]
+
+
+def _compile_plain_loop(batches, threads: int) -> str:
+    """Compile the plain model's forward and backward at ``threads`` (generated kernels fix their thread
+    count when built, so each count gets its own build); returns what happened, in words.
+
+    The build goes to a fresh kernel cache (``TORCHINDUCTOR_CACHE_DIR``, set by :func:`transformer_comparison`),
+    so its time is what a first run pays."""
+    try:
+        torch._dynamo.reset()
+        start = time.perf_counter()
+        plain_loop([plain_copy(Transformer(16, 2, 4, 64, "rope", max_len=32), 0)], batches[:2], compiled=True)
+        return f"built in {time.perf_counter() - start:.0f} s at {threads} thread(s), from an empty kernel cache"
+    except Exception as err:  # no C++ compiler, an unsupported platform: say so and go on without it
+        return f"unavailable ({type(err).__name__}: {str(err).splitlines()[0][:100]})"
+
+
+def transformer_comparison(sizes, thread_counts, steps: int, reps: int, compile_: bool) -> dict:
+    """Model-steps/s of the package ensemble and its peers, timed in alternation; see the module docstring.
+
+    Returns ``{"rates": {(variant, threads, models): median}, "all": {...: [per round]},
+    "agreement": {(threads, models): max |last loss of a peer - the package's|}, "compile": {threads: note}}``.
+    """
+    batches = tf_batches(steps)
+    rates, agreement, compile_notes = {}, {}, {}
+    kernel_cache = tempfile.mkdtemp(prefix="lengthgen-bench-inductor-") if compile_ else None
+    saved_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if kernel_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = kernel_cache
+    try:
+        _compare(sizes, thread_counts, steps, reps, compile_, batches, rates, agreement, compile_notes)
+    finally:
+        if kernel_cache:
+            shutil.rmtree(kernel_cache, ignore_errors=True)
+            if saved_cache is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_cache
+    return {"rates": {k: statistics.median(v) for k, v in rates.items()}, "all": rates,
+            "agreement": agreement, "compile": compile_notes}
+
+
+def _compare(sizes, thread_counts, steps, reps, compile_, batches, rates, agreement, compile_notes) -> None:
+    """The timing loop of :func:`transformer_comparison` (fills ``rates``, ``agreement``, ``compile_notes``)."""
+    for threads in thread_counts:
+        with cpu_threads(threads):
+            peers = {"plain loop": lambda ms: plain_loop(ms, batches),
+                     "vmap recipe": lambda ms: vmap_recipe(ms, batches)}
+            if compile_:
+                compile_notes[threads] = _compile_plain_loop(batches, threads)
+                if compile_notes[threads].startswith("built"):
+                    peers["plain loop, torch.compile"] = lambda ms: plain_loop(ms, batches, compiled=True)
+            package_ensemble(2, 2, threads)  # warm-up: allocator, thread pool, tables
+            for m in sizes:
+                template = Transformer(16, 2, 4, 64, "rope", max_len=32, n_models=m)
+                worst = 0.0
+                for _ in range(reps):  # one round = every variant once, in turn
+                    seconds, ours = package_ensemble(m, steps, threads)
+                    rates.setdefault(("package", threads, m), []).append(m * steps / seconds)
+                    for name, run in peers.items():
+                        models = [plain_copy(template, i) for i in range(m)]
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")  # vmap: "no batching rule" for the SDPA kernel
+                            start = time.perf_counter()
+                            last = run(models)
+                            seconds = time.perf_counter() - start
+                        rates.setdefault((name, threads, m), []).append(m * steps / seconds)
+                        worst = max(worst, float((last - ours).abs().max()))
+                agreement[(threads, m)] = worst
+
+
+def tf_flops_per_model_step() -> tuple[int, float, float]:
+    """Parameters per model, and matmul FLOPs of one training step (forward + backward) of the plain model
+    (the textbook amount of work) and of the package's (which projects the first block's V token rows once)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = Transformer(16, 2, 4, 64, "rope", max_len=32)
+    tokens, targets = tf_batches(1)[0]
+    flops = []
+    for run in (plain_copy(model, 0), lambda t: model(t)[0]):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            F.cross_entropy(run(tokens).reshape(-1, 16), targets.reshape(-1)).backward()
+        flops.append(counter.get_total_flops())
+    return sum(p.numel() for p in model.parameters()), flops[0], flops[1]
+
+
+def print_transformer_comparison(args) -> None:
+    """Section 5: the table of model-steps/s, the loss agreement and the ratios the project asks for."""
+    sizes, counts = args.tf_sizes, args.tf_threads
+    n_params, flops, ours = tf_flops_per_model_step()
+    print(f"\n5. transformer training (2 layers, 4 heads, d_model 64, batch 32, length 32, RoPE, AdamW; "
+          f"{n_params / 1e3:.1f}k parameters and {flops / 1e6:.0f} MFLOP of matmuls per model-step, "
+          f"{ours / 1e6:.0f} in the package's layout), model-steps/s, median of {args.tf_reps} alternating "
+          f"rounds of {args.tf_steps} steps", flush=True)
+    result = transformer_comparison(sizes, counts, args.tf_steps, args.tf_reps, not args.no_compile)
+    rates = result["rates"]
+    variants = list(dict.fromkeys(name for name, _, _ in rates))
+    head = f"   {'variant':<34}{'threads':>8}" + "".join(f"{'M=' + str(m):>9}" for m in sizes)
+    print(head)
+    for name in variants:
+        for t in counts:
+            if (name, t, sizes[0]) in rates:
+                label = "package Transformer ensemble" if name == "package" else name
+                print(f"   {label:<34}{t:>8}" + "".join(f"{rates[(name, t, m)]:>9.0f}" for m in sizes))
+    worst = max(result["agreement"].values())
+    print(f"   every variant trains the same models: largest |last loss - the package's| after {args.tf_steps} "
+          f"steps = {worst:.1e}")
+    if args.no_compile:
+        print("   torch.compile: skipped (--no-compile)")
+    else:
+        for t, note in result["compile"].items():
+            print(f"   torch.compile of the plain model: {note} (not in the timings)")
+    for m in sizes:
+        ours = max(rates[("package", t, m)] for t in counts)
+        peers = {(name, t): rates[(name, t, m)] for name in ("plain loop", "vmap recipe") for t in counts}
+        (best_name, best_t), best = max(peers.items(), key=lambda kv: kv[1])
+        line = (f"   M={m}: package (best thread count) {ours:.0f} = {ours / best:.2f}x the best of the plain loop "
+                f"and the vmap recipe ({best_name}, {best_t} thread(s): {best:.0f})")
+        compiled = [rates[(name, t, m)] for (name, t, mm) in rates if name.endswith("torch.compile") and mm == m]
+        if compiled:
+            line += f"; {ours / max(compiled):.2f}x the compiled plain loop ({max(compiled):.0f})"
+        if m == 9:
+            met = ours >= 1.3 * best and (not compiled or ours >= max(compiled))
+            line += f"  [target >= 1.3x and >= compiled: {'met' if met else 'NOT met'}]"
+        print(line)
+
+
 def _sweep_child(profile_name: str, device: str) -> None:
     """Run one profile's single-head sweep in this (fresh) process and print its measurements as JSON."""
     import resource
@@ -156,6 +428,12 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", default="default", help="profile of the timed sweep (quick|default|full|none)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
     parser.add_argument("--no-thread-comparison", action="store_true", help="skip the two-thread measurement")
+    parser.add_argument("--tf-sizes", type=int, nargs="+", default=[1, 3, 9, 27],
+                        help="transformer ensemble sizes (section 5); none skips it")
+    parser.add_argument("--tf-threads", type=int, nargs="+", default=[1, 2], help="thread counts of section 5")
+    parser.add_argument("--tf-steps", type=int, default=8, help="training steps per transformer timing")
+    parser.add_argument("--tf-reps", type=int, default=3, help="alternating rounds per transformer size (median)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd plain loop")
     parser.add_argument("--sweep-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = torch.device(args.device) if args.device else default_device()
@@ -218,6 +496,8 @@ def main(argv=None) -> int:
     if peak:
         print(f"   nominal peak {peak / 1e9:.0f} GFLOP/s ({how}): these models are far too small to be "
               f"compute-bound; time goes to per-operation overhead, which batching amortises")
+    if device.type == "cpu" and args.tf_sizes:
+        print_transformer_comparison(args)
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"\nload average at the end: {load1} on {os.cpu_count()} cores"
           + (" (other processes were competing for the CPU: absolute rates are low, ratios were timed side by side)"

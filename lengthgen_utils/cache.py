@@ -45,7 +45,8 @@ MAGIC = b"LENGTHGEN-CACHE 1\n"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = _PACKAGE_DIR.parent
 # Modules whose code cannot change a cached number (figures, widgets, command-line front ends).
-_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "__main__.py", "profiles.py", "scoreboard.py"}
+_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "buildtime.py", "__main__.py", "profiles.py",
+                      "scoreboard.py"}
 
 
 class CorruptEntry(Exception):
@@ -257,23 +258,33 @@ def describe(obj):
                     f"got {type(obj).__name__} {obj!r}")
 
 
-def cache_description(config, device=None) -> dict:
-    """What identifies a cached result: the configuration and what computed it (hashed into the key)."""
+def cache_description(config, device=None, threads: int | None = None) -> dict:
+    """What identifies a cached result: the configuration and what computed it (hashed into the key).
+
+    ``threads`` is the intra-op CPU thread count the computation runs with; it is part of the
+    description on the CPU only (on a GPU it is recorded as None).
+    """
     from .training import default_device
 
     device = torch.device(device) if device is not None else default_device()
     description = {"config": describe(config), "lengthgen_utils": __version__, "code": code_fingerprint(),
-                   "torch": torch.__version__, "device": device.type}
+                   "torch": torch.__version__, "device": device.type,
+                   "cpu_threads": threads if device.type == "cpu" else None}
     return json.loads(json.dumps(description, allow_nan=False))
 
 
-def load_or_run(config, compute: Callable[[], dict], cache=True, device=None) -> tuple[dict, str]:
+def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
+                threads: int | None = None) -> tuple[dict, str]:
     """Load the result of ``config`` from the results cache, or compute and store it.
 
     The key is a SHA-256 over :func:`cache_description`: the configuration (every field, nested,
     with class names), ``lengthgen_utils.__version__``, a fingerprint of the package's computing
-    modules, the torch version and the device type, so an entry made by other
-    settings or other code is never used. Entries are written atomically and verified on reading;
+    modules, the torch version, the device type and, on the CPU, the intra-op thread count, so an
+    entry made by other settings or other code is never used. The thread count is in the key
+    because it changes float rounding: a matmul or a sum split over two threads adds in another
+    order, which moves a transformer's loss by about 1e-7 after one step and its trained weights
+    further after hundreds (:data:`~lengthgen_utils.training.CPU_THREADS`); a cached result is the
+    result this machine computes at that count, bit for bit. Entries are written atomically and verified on reading;
     a corrupt, truncated or foreign entry is reported with a ``RuntimeWarning`` and recomputed.
 
     Args:
@@ -284,6 +295,8 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None) ->
             ``False`` (always compute, store nothing), or a folder path.
         device: the device the computation runs on (its type is part of the key); default
             :func:`~lengthgen_utils.training.default_device`.
+        threads: the intra-op CPU thread count the computation runs with (part of the key on the
+            CPU), e.g. :func:`~lengthgen_utils.training.default_cpu_threads` of its model's path.
 
     Returns:
         ``(payload, status)``: status is ``"hit"``, ``"miss"`` (computed and stored),
@@ -300,7 +313,7 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None) ->
         payload = compute()
         check_payload(payload)
         return payload, "off"
-    description = cache_description(config, device)
+    description = cache_description(config, device, threads)
     key = make_key(description)
     status = "miss"
     try:

@@ -10,14 +10,13 @@ from torch import Tensor
 
 from ._validate import check_int, check_int_sequence, check_positive_float, per_model_ints
 from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
-from .training import cpu_threads, default_cpu_threads, ensemble_squared_error
+from .training import ensemble_squared_error, model_threads
 
 
 def _threads(model, num_threads):
-    """The intra-op thread setting for evaluating ``model``: only on the CPU."""
-    if model.device.type != "cpu":
-        return cpu_threads(None)
-    return cpu_threads(default_cpu_threads() if num_threads is None else num_threads)
+    """The intra-op thread setting for evaluating ``model``: on the CPU, the count its training uses
+    (:data:`~lengthgen_utils.training.CPU_THREADS`) unless ``num_threads`` says otherwise."""
+    return model_threads(model, num_threads)
 
 
 def _scales(logit_scale, n_lengths: int) -> list[float]:
@@ -50,7 +49,7 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
         seed: evaluation seed.
         batch_size: sequences per forward pass (memory only; results do not depend on it).
         num_threads: intra-op CPU threads when the model is on the CPU; default
-            :func:`~lengthgen_utils.training.default_cpu_threads`.
+            :func:`~lengthgen_utils.training.model_threads` of the model.
         logit_scale: None, or one positive factor per length multiplying every attention logit
             (a test-time, length-aware temperature; softmax heads; chapter 5).
 
@@ -110,8 +109,10 @@ def target_attention_mass(model, offset, lengths) -> Tensor:
         if seq_len < int(offsets.max()) + 2:
             raise ValueError(f"lengths[{col}]={seq_len} is too short for offset {int(offsets.max())} "
                              f"(needs >= {int(offsets.max()) + 2})")
-        attn = model.attention_row(seq_len).double().cpu()
-        out[:, col] = attn[rows, seq_len - 1 - offsets]
+    with _threads(model, None):
+        for col, seq_len in enumerate(lengths):
+            attn = model.attention_row(seq_len).double().cpu()
+            out[:, col] = attn[rows, seq_len - 1 - offsets]
     return out
 
 

@@ -39,7 +39,7 @@ Chen et al. 2023 (position interpolation) and Peng et al. 2024 (NTK-aware scalin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import ClassVar
 
@@ -233,6 +233,38 @@ def _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, device) -> tuple
 
 rope_cos_sin.cache_clear = _rope_cos_sin.cache_clear
 rope_cos_sin.cache_info = _rope_cos_sin.cache_info
+
+COMPLEX_DTYPES = {torch.float32: torch.complex64, torch.float64: torch.complex128}
+"""Real dtypes whose interleaved rotation runs as one complex multiply (half precision has no complex kernel)."""
+
+
+@lru_cache(maxsize=256)
+def _rope_phases(seq_len, d_head, base, position_shift, dtype, device) -> Tensor:
+    """``cos + i sin`` of :func:`rope_cos_sin`'s tables (real ``dtype``), as one complex table ``[L, d_head // 2]``."""
+    with torch.inference_mode(False):
+        cos, sin = _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, device)
+        return torch.complex(cos, sin)
+
+
+def rotate_adjacent_pairs(x: Tensor, phases: Tensor) -> Tensor:
+    """The interleaved rotation of :func:`rotate_pairs` as one complex multiply.
+
+    Pair ``(x_2i, x_2i+1)`` is read as the complex number ``x_2i + i x_2i+1`` and multiplied by
+    ``phases = cos + i sin``: ``(x1 cos - x2 sin) + i (x1 sin + x2 cos)``, the same rotation in one
+    kernel (forward and backward) instead of strided half-views. Equal to
+    ``rotate_pairs(x, cos, sin, interleaved=True)`` up to float rounding (a few ulp).
+
+    Args:
+        x: ``[..., d_head]``, float32 or float64 (any strides; copied only if a complex view is impossible).
+        phases: complex, broadcastable to ``[..., d_head // 2]``.
+
+    Returns:
+        ``[..., d_head]`` of ``x``'s dtype.
+    """
+    pairs = x.unflatten(-1, (-1, 2))
+    if pairs.stride(-1) != 1 or pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()
+    return torch.view_as_real(torch.view_as_complex(pairs) * phases).flatten(-2)
 
 
 def rope_rotation_matrix(angles: Tensor, interleaved: bool = False) -> Tensor:
@@ -435,6 +467,17 @@ class Encoding:
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
 
+    def dot_product_form(self, d_head: int) -> tuple[Tensor | None, "Encoding"]:
+        """How a model that uses queries and keys only through ``q . k`` may rotate them most cheaply.
+
+        Returns ``(order, encoding)``: ``encoding.rotate(x[..., order]) == self.rotate(x)[..., order]``
+        for every ``x`` (up to float rounding), so a model that reorders the channels of both its
+        queries and its keys by ``order`` (a permutation ``[d_head]``, e.g. of its projection rows)
+        and rotates them with ``encoding`` computes every attention logit ``q . k`` unchanged.
+        The default ``(None, self)`` means: rotate as they are.
+        """
+        return None, self
+
     def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor | None:
         return None
 
@@ -547,13 +590,26 @@ class RoPE(Encoding):
         """``theta [d_head // 2]`` (float64, rad per position) used at sequence length ``seq_len``."""
         return rope_inverse_frequencies(d_head, self.base)
 
+    def dot_product_form(self, d_head: int) -> tuple[Tensor | None, "Encoding"]:
+        """The half-split pairing is the interleaved one with channel ``i + d_head/2`` moved next to
+        channel ``i``; the interleaved rotation runs as one complex multiply, so a model that only
+        forms ``q . k`` reorders its query and key channels and rotates them interleaved."""
+        if self.interleaved:
+            return None, self
+        half = check_int("d_head", d_head, minimum=2) // 2
+        order = torch.stack((torch.arange(half), torch.arange(half) + half), dim=-1).flatten()
+        return order, replace(self, interleaved=True)
+
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         d_head = x.shape[-1]
         self.check(d_head, 1)
         theta = self.frequencies(d_head, positions.shape[-1])
         if self.angle_dtype == "float64" and type(self).frequencies is RoPE.frequencies and _is_range(positions):
             # the same numbers as below, memoised per (length, first position): no per-step trigonometry
-            cos, sin = rope_cos_sin(positions.shape[-1], d_head, self.base, int(positions[0]), x.dtype, x.device)
+            table = (positions.shape[-1], d_head, self.base, int(positions[0]))
+            if self.interleaved and x.dtype in COMPLEX_DTYPES:  # one complex multiply (see rotate_adjacent_pairs)
+                return rotate_adjacent_pairs(x, _rope_phases(*table, x.dtype, x.device))
+            cos, sin = rope_cos_sin(*table, x.dtype, x.device)
         else:
             angles = angles_in_dtype(positions, theta, ANGLE_DTYPES[self.angle_dtype]).to(x.device)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)

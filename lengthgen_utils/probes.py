@@ -18,7 +18,7 @@ from .attention import attention_scores, row_weights
 from .kernel import CarrierFit, fit_carrier
 from .positional import RoPE, rope_angles
 from .tasks import as_task_list, query_targets, shared_task
-from .training import cpu_threads, default_cpu_threads, ensemble_cross_entropy
+from .training import ensemble_cross_entropy, model_threads
 
 
 # ---------------------------------------------------------------- equivariance (chapter 2)
@@ -189,8 +189,7 @@ def shift_invariance(model, tokens: Tensor, shifts=(1, 1000, 100000)) -> dict:
         return out[0] if isinstance(out, tuple) else out
 
     shifts = check_int_sequence("shifts", shifts)
-    device = getattr(model, "device", torch.device("cpu"))
-    with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
+    with model_threads(model):  # the thread count the model is trained and evaluated with
         base = logits(0)
         return {shift: float((logits(shift) - base).abs().max()) for shift in shifts}
 
@@ -362,16 +361,17 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
     min_query = seq_len // 2 if min_query is None else check_int("min_query", min_query, 0, seq_len - 1)
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             torch.Generator().manual_seed(seed), device=model.device)
-    with _cpu_threads_for(model):
+    with model_threads(model):  # the thread count the model is trained and evaluated with
         scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
-        queries = torch.arange(min_query, seq_len, device=model.device)[:, None]  # [Q, 1]
-        keys = queries - torch.arange(min_query + 1, device=model.device)  # [Q, d]: key of query q at distance d
-        logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
-        weight = logit.clone()
-        for layer, s in enumerate(scores):
-            w = s.softmax(-1)
-            logit[:, layer, :, : min_query + 1] = s[..., queries, keys].double().mean((1, 3)).cpu()  # [M, H, d]
-            weight[:, layer, :, : min_query + 1] = w[..., queries, keys].double().mean((1, 3)).cpu()
+    queries = torch.arange(min_query, seq_len, device=model.device)
+    distances = torch.arange(min_query + 1, device=model.device)
+    keys = queries[None, :] - distances[:, None]  # [d, query]: every averaged query sees every distance
+    logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
+    weight = logit.clone()
+    for layer, s in enumerate(scores):
+        for out, values in ((logit, s), (weight, s.softmax(-1))):
+            picked = values[..., queries.expand_as(keys), keys]  # [M, B, H, d, query]: one gather for all d
+            out[:, layer, :, : min_query + 1] = picked.double().mean((1, 4)).cpu()
     return logit, weight
 
 
@@ -430,11 +430,6 @@ def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 
         else:
             kinds.append("cliff" if w <= cliff else "gradual" if w >= gradual else "between")
     return {"high": out_high, "half": out_half, "width": width, "start": accuracy[:, 0].clone(), "kind": kinds}
-
-
-def _cpu_threads_for(model):
-    """One intra-op thread for a model on the CPU (as training and evaluation use), else no change."""
-    return cpu_threads(default_cpu_threads() if model.device.type == "cpu" else None)
 
 
 def copying_heads(weight: Tensor, offset) -> Tensor:

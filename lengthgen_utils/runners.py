@@ -26,7 +26,7 @@ from .positional import get_encoding, kernel_frequencies, rope_kernel_features
 from .profiles import Profile
 from .theory import (expected_squared_error, gradient_descent_kernel, log_length_scale, min_norm_interpolant,
                      squared_loss_quadratic, trained_relative_positions)
-from .training import default_device, train, train_sequence, train_squared_loss
+from .training import default_cpu_threads, default_device, train, train_sequence, train_squared_loss
 
 
 def _device(device) -> torch.device:
@@ -89,7 +89,8 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Retrieva
         acc = accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
-    payload, status = load_or_run(exp, compute, cache=cache, device=device)
+    payload, status = load_or_run(exp, compute, cache=cache, device=device,
+                                  threads=default_cpu_threads("single-head"))
     model = build_model(exp)
     model.load_state_dict(payload["state_dict"])
     model.to(device).eval()
@@ -175,7 +176,8 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
                 acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
                 return _model_payload(model, history, lengths, acc)
 
-            payload, status = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache, device=device)
+            payload, status = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache, device=device,
+                                          threads=default_cpu_threads("single-head"))
             model = _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
             model.load_state_dict(payload["state_dict"])
             key = (pe, attention)
@@ -333,7 +335,8 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> SnapshotRes
                                                logit_scale=scale))
         return {"states": [kept[s] for s in config.snapshot_steps], "loss_history": history, "accuracy": accuracy}
 
-    payload, status = load_or_run(config, compute, cache=cache, device=device)
+    payload, status = load_or_run(config, compute, cache=cache, device=device,
+                                  threads=default_cpu_threads("single-head"))
     models = {}
     for step, state in zip(config.snapshot_steps, payload["states"]):
         models[step] = build()
@@ -413,7 +416,7 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
                 "squared_error": squared_error_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)}
 
     config = KernelHeadConfig(exp, None if frequencies is None else tuple(theta.tolist()), lr_fraction, steps)
-    payload, _ = load_or_run(config, compute, cache=cache, device=device)
+    payload, _ = load_or_run(config, compute, cache=cache, device=device, threads=default_cpu_threads("single-head"))
     c_gd = gradient_descent_kernel(h, b, lr, steps)
     c_star = min_norm_interpolant(trained_relative_positions(exp.train_len, exp.offset), exp.offset, exp.d_head,
                                   frequencies=theta)
@@ -473,7 +476,7 @@ def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> Recurren
         acc = accuracy_by_length(model, exp.tasks, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
-    payload, _ = load_or_run(exp, compute, cache=cache, device=device)
+    payload, _ = load_or_run(exp, compute, cache=cache, device=device, threads=default_cpu_threads("single-head"))
     model = _linear_rnn(exp)
     model.load_state_dict(payload["state_dict"])
     model.to(device).eval()
@@ -518,7 +521,7 @@ def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Tran
         return {"state_dict": dict(model.state_dict()), "loss_history": history,
                 "accuracy": [acc for acc, _ in measured], "counts": [cnt for _, cnt in measured]}
 
-    payload, _ = load_or_run(exp, compute, cache=cache, device=device)
+    payload, _ = load_or_run(exp, compute, cache=cache, device=device, threads=default_cpu_threads("transformer"))
     model = build_transformer(exp)
     model.load_state_dict(payload["state_dict"])
     model.to(device).eval()

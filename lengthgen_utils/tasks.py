@@ -385,10 +385,17 @@ def shared_task(task) -> "Task":
 
 
 def batch_targets(tasks: list, tokens: Tensor) -> Tensor:
-    """Targets ``[M, B, L]`` for an ensemble whose model ``i`` solves ``tasks[i]`` on the shared ``tokens [B, L]``."""
+    """Targets ``[M, B, L]`` for an ensemble whose model ``i`` solves ``tasks[i]`` on the shared ``tokens [B, L]``.
+
+    Each distinct task computes its targets once (a sweep has a few offsets and many seeds per offset).
+    """
     if all(t == tasks[0] for t in tasks):
         return tasks[0].targets(tokens).expand(len(tasks), *tokens.shape)
-    return torch.stack([t.targets(tokens) for t in tasks])
+    try:
+        per_task = {t: t.targets(tokens) for t in dict.fromkeys(tasks)}
+    except TypeError:  # an unhashable task: compute per model
+        return torch.stack([t.targets(tokens) for t in tasks])
+    return torch.stack([per_task[t] for t in tasks])
 
 
 def query_targets(tasks: list, tokens: Tensor) -> Tensor:

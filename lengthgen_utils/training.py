@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._validate import check_fits, check_int, check_positive_float, per_model_ints
-from .models import KernelHead
+from .models import KernelHead, Transformer
 from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 
 
@@ -27,23 +27,51 @@ def default_device() -> torch.device:
 
 THREADS_ENV = "LENGTHGEN_THREADS"
 
+CPU_THREADS = {"single-head": 1, "transformer": 2}
+"""Intra-op CPU threads of each model's training and evaluation, the one place the rule lives.
 
-def default_cpu_threads() -> int:
-    """Intra-op CPU threads for training and evaluation: ``$LENGTHGEN_THREADS``, else 1.
+The right count depends on how much work one operation holds, measured side by side by
+``python -m lengthgen_utils.bench`` on 2 CPU cores:
 
-    The book's models are tiny: one training step is a few dozen operations on
-    tensors of ~10^5 elements, so each operation costs less than the work of
-    waking and joining a second thread. On a 2-core machine shared with other
-    processes, two intra-op threads made a step 10 to 100 times slower than one
-    (measured with ``python -m lengthgen_utils.bench``); one thread per process
-    is never much slower. Set ``LENGTHGEN_THREADS`` to change it.
+* ``"single-head"`` (:class:`~lengthgen_utils.models.RetrievalHead`, :class:`~lengthgen_utils.models.KernelHead`):
+  **1 thread**. A step is a few dozen operations on tensors of ~10^5 elements, less than the
+  cost of waking and joining a second thread; two threads were slower at every ensemble size
+  (and 10 to 100 times slower on a machine busy with other processes).
+* ``"transformer"`` (:class:`~lengthgen_utils.models.Transformer`): **2 threads**. A step of the
+  book's transformer multiplies matrices of ~10^6 elements per model (1024 tokens x d_model 64,
+  four projections per block); two threads train it about 1.6-1.8x faster than one at 3 or more models
+  on an otherwise idle machine.
+
+The count is capped at ``os.cpu_count()``. ``$LENGTHGEN_THREADS`` overrides it for every path.
+The thread count changes float rounding (a reduction split in two sums in another order: about
+1e-7 in a step's loss), so results are cached per thread count (:mod:`~lengthgen_utils.cache`).
+"""
+
+
+def thread_path(model) -> str:
+    """The key of :data:`CPU_THREADS` that applies to ``model``: ``"transformer"`` or ``"single-head"``."""
+    return "transformer" if isinstance(model, Transformer) else "single-head"
+
+
+def default_cpu_threads(path="single-head") -> int:
+    """Intra-op CPU threads for a training or evaluation path: ``$LENGTHGEN_THREADS``, else :data:`CPU_THREADS`.
+
+    Args:
+        path: a key of :data:`CPU_THREADS`, or a model (its path is :func:`thread_path`).
+
+    Returns:
+        ``$LENGTHGEN_THREADS`` if set, else ``min(CPU_THREADS[path], os.cpu_count())``.
 
     Raises:
-        ValueError: ``$LENGTHGEN_THREADS`` is set but is not an integer >= 1.
+        ValueError: ``$LENGTHGEN_THREADS`` is set but is not an integer >= 1, or ``path`` is unknown.
     """
+    if not isinstance(path, str):
+        path = thread_path(path)
+    if path not in CPU_THREADS:
+        raise ValueError(f"path must be one of {tuple(CPU_THREADS)} or a model; got {path!r}")
     value = os.environ.get(THREADS_ENV)
     if value is None or value == "":
-        return 1
+        return min(CPU_THREADS[path], os.cpu_count() or 1)
     try:
         n = int(value)
     except ValueError:
@@ -51,6 +79,14 @@ def default_cpu_threads() -> int:
     if n < 1:
         raise ValueError(f"${THREADS_ENV} must be an integer >= 1; got {value!r}")
     return n
+
+
+def model_threads(model, num_threads: int | None = None):
+    """A :func:`cpu_threads` block for computing with ``model``: on the CPU, ``num_threads`` or its path's
+    count (:func:`default_cpu_threads`); on another device, the setting is left alone."""
+    if model.device.type != "cpu":
+        return cpu_threads(None)
+    return cpu_threads(default_cpu_threads(model) if num_threads is None else num_threads)
 
 
 @contextmanager
@@ -110,7 +146,7 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
             models have different offsets shares one length stream: give the same
             ``min_train_len`` to a model trained alone and it sees exactly that stream.
         num_threads: intra-op CPU threads while training on the CPU; default
-            :func:`default_cpu_threads` (1 unless ``$LENGTHGEN_THREADS`` says otherwise).
+            :func:`default_cpu_threads` of the model (1 for the single head, see :data:`CPU_THREADS`).
         callback: ``None``, or a callable ``callback(step, loss)`` run after every step with the
             1-based step number and the models' losses ``[M]`` (detached), e.g. to drive a progress widget.
 
@@ -139,7 +175,7 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     if min_train_len is not None:
         min_len = check_int("min_train_len", min_train_len, minimum=min_len, maximum=train_len)
     device = torch.device(device) if device is not None else default_device()
-    threads = (default_cpu_threads() if num_threads is None else num_threads) if device.type == "cpu" else None
+    threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
     with cpu_threads(threads):
         return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
                            seed, device, progress, min_len, callback)
@@ -253,6 +289,14 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         check_fits("train_len", train_len, t.check_seq_len)
     min_len = max(t.min_seq_len for t in tasks)
     device = torch.device(device) if device is not None else default_device()
+    with cpu_threads(default_cpu_threads(model) if device.type == "cpu" else None):
+        return _train_squared_loss_loop(model, tasks, seeds, per_model, steps, batch_size, lr, train_len, min_len,
+                                        device)
+
+
+def _train_squared_loss_loop(model, tasks, seeds, per_model, steps, batch_size, lr, train_len, min_len,
+                             device) -> Tensor:
+    """The loop of :func:`train_squared_loss`, on validated arguments."""
     model.to(device)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -274,9 +318,7 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         outputs, _ = model(tokens)
         return ensemble_squared_error(outputs, targets)
 
-    # one intra-op thread on the CPU, as in train: these tensors are far too small to share out
-    with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
-        return _run_steps(model, opt, batch_loss, steps, device, progress=False)
+    return _run_steps(model, opt, batch_loss, steps, device, progress=False)
 
 
 # --- full-sequence training (chapter 7)
@@ -302,7 +344,7 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
                    weight_decay: float = 0.05, train_len: int = 32, seed: int = 0, device=None,
-                   progress: bool | None = None) -> Tensor:
+                   progress: bool | None = None, num_threads: int | None = None) -> Tensor:
     """Train a :class:`~lengthgen_utils.models.Transformer` ensemble on a full-sequence task with AdamW.
 
     Every batch has length ``train_len`` and is placed at the positions the model's encoding draws
@@ -318,6 +360,8 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
         seed: seeds the data stream.
         device: defaults to :func:`default_device`.
         progress: progress bar; ``None`` shows one for runs of 1000+ steps.
+        num_threads: intra-op CPU threads while training on the CPU; default
+            :func:`default_cpu_threads` of the model (2 for the transformer, see :data:`CPU_THREADS`).
 
     Returns:
         loss history ``[steps, M]`` on CPU.
@@ -331,18 +375,20 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     if task.n_tokens != model.config.vocab_size:
         raise ValueError(f"task input vocabulary {task.n_tokens} differs from model vocab_size={model.config.vocab_size}")
     device = torch.device(device) if device is not None else default_device()
-    with cpu_threads(default_cpu_threads() if device.type == "cpu" else None):
+    threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
+    with cpu_threads(threads):
         return _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
                                     progress)
 
 
 def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
                          progress) -> Tensor:
-    """The loop of :func:`train_sequence`, on validated arguments (one CPU thread by default, as :func:`train`)."""
+    """The loop of :func:`train_sequence`, on validated arguments."""
     model.to(device)
     model.train()
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    fused = True if device.type in ("cpu", "cuda") else None  # one kernel per parameter instead of ~10
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
 
     def batch_loss():
         positions = model.encoding.train_positions(train_len, gen)  # None: 0 .. L-1 (randomised encodings differ)

@@ -33,7 +33,7 @@ from .probes import (PLACEMENTS, argmax_placement, attention_argmax, copy_head_p
                      shift_invariance, shift_logit_difference)
 from .profiles import Profile
 from .runners import build_model, build_transformer, run_retrieval, run_transformer
-from .training import cpu_threads, default_cpu_threads
+from .training import default_cpu_threads, model_threads
 
 SPAN = 4
 """Randomised training positions are drawn from ``0 .. SPAN * train_len - 1`` (4x the training length)."""
@@ -179,7 +179,8 @@ def run_retrieval_zoo(profile: Profile, offset: int = 3, encodings=None, device=
             def evaluate(model=model, exp=exp):
                 return {"accuracy": accuracy_by_length(model, exp.task, exp.eval_lengths, n_samples=exp.eval_samples)}
 
-            accuracy = load_or_run(TestTimeEncoding(exp, pe), evaluate, cache=cache, device=model.device)[0]["accuracy"]
+            accuracy = load_or_run(TestTimeEncoding(exp, pe), evaluate, cache=cache, device=model.device,
+                                   threads=default_cpu_threads(model))[0]["accuracy"]
         initial = build_model(replace(exp, pe=pe)).to(model.device).eval()
         out[pe] = ZooRun(pe, exp, model, initial, list(result.lengths), accuracy, exp.train_len)
     return out
@@ -233,7 +234,8 @@ def run_copy_zoo(profile: Profile, encodings=None, device=None, cache=True) -> d
                             for L in exp.eval_lengths]
                 return {"accuracy": [a for a, _ in measured], "counts": [c for _, c in measured]}
 
-            payload = load_or_run(TestTimeEncoding(exp, pe), evaluate, cache=cache, device=model.device)[0]
+            payload = load_or_run(TestTimeEncoding(exp, pe), evaluate, cache=cache, device=model.device,
+                                   threads=default_cpu_threads(model))[0]
             per_position = dict(zip(exp.eval_lengths, payload["accuracy"]))
             counts = dict(zip(exp.eval_lengths, payload["counts"]))
         else:
@@ -254,7 +256,7 @@ def _package_threads(probe):
     probes' tensors are tiny, and two threads made them many times slower on a busy 2-core machine."""
     @functools.wraps(probe)
     def wrapper(run, *args, **kwargs):
-        with cpu_threads(default_cpu_threads() if run.model.device.type == "cpu" else None):
+        with model_threads(run.model):
             return probe(run, *args, **kwargs)
     return wrapper
 

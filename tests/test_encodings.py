@@ -81,6 +81,23 @@ def test_figures_label_and_colour_every_encoding(pe):
     assert all(t.name.startswith(pe.label) for t in means)
 
 
+@pytest.mark.parametrize("pe", REGISTERED, ids=IDS)
+def test_dot_product_form_keeps_every_rotated_channel_and_logit(pe):
+    """What a model may use instead of ``rotate`` (Encoding.dot_product_form) gives the same rotated
+    channels, reordered, and so the same logits q . k, to float32 rounding."""
+    order, form = pe.dot_product_form(8)
+    positions = torch.arange(10) + 3
+    q, k = (torch.randn(2, 3, 10, 8, generator=gen(s)) for s in (1, 2))
+    expected = pe.rotate(q, positions) @ pe.rotate(k, positions).transpose(-1, -2)
+    if order is None:
+        assert form == pe
+        return
+    assert sorted(order.tolist()) == list(range(8))
+    q2, k2 = form.rotate(q[..., order], positions), form.rotate(k[..., order], positions)
+    torch.testing.assert_close(q2, pe.rotate(q, positions)[..., order], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(q2 @ k2.transpose(-1, -2), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_unknown_encoding_names_the_registered_ones():
     with pytest.raises(ValueError, match="registered ones are") as info:
         get_encoding("rotary")

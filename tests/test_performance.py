@@ -22,7 +22,7 @@ from lengthgen_utils import runners
 from lengthgen_utils.__main__ import format_sweep_table, main
 from lengthgen_utils.cache import cache_description, load_or_run
 from lengthgen_utils.configs import RetrievalExperiment, RetrievalSweep
-from lengthgen_utils.models import RetrievalHead
+from lengthgen_utils.models import RetrievalHead, Transformer
 from lengthgen_utils.positional import LearnedAPE, RoPE, apply_rope, get_encoding, rope_cos_sin
 from lengthgen_utils.profiles import PROFILES, Profile
 from lengthgen_utils.runners import run_retrieval, run_sweep
@@ -134,6 +134,21 @@ def test_memoised_rope_tables_equal_apply_rope_bit_for_bit():
         rope_cos_sin(8, 15)
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.float64, 1e-14)])
+def test_interleaved_rope_as_a_complex_multiply_equals_the_pairwise_rotation(dtype, tol):
+    """RoPE(interleaved=True).rotate multiplies complex pairs by memoised phases; it equals apply_rope's
+    pairwise rotation to a few ulp, on strided views too (the transformer hands it a slice of q, k, v),
+    and gradients flow through it."""
+    qkv = torch.randn(3, 40, 6, 16, generator=torch.Generator().manual_seed(0), dtype=dtype, requires_grad=True)
+    x = qkv[:, :, :4].transpose(1, 2)  # [3, 4, 40, 16], not contiguous
+    positions = torch.arange(40) + 1000
+    fast = RoPE(interleaved=True).rotate(x, positions)
+    torch.testing.assert_close(fast, apply_rope(x, positions, interleaved=True), rtol=tol, atol=tol)
+    fast.square().sum().backward()
+    torch.testing.assert_close(qkv.grad[:, :, :4].transpose(1, 2), 2 * x.detach(), rtol=10 * tol, atol=10 * tol)
+    assert (qkv.grad[:, :, 4:] == 0).all()  # rotations keep norms: d|R x|^2/dx = 2x, nothing leaks elsewhere
+
+
 def test_tables_first_built_in_inference_mode_still_train():
     rope_cos_sin.cache_clear()
     model = RetrievalHead(n_models=2)
@@ -149,11 +164,76 @@ def test_cpu_threads_restores_the_setting(monkeypatch):
     with cpu_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
-    monkeypatch.setenv("LENGTHGEN_THREADS", "2")
-    assert default_cpu_threads() == 2
+    monkeypatch.delenv("LENGTHGEN_THREADS", raising=False)
+    assert default_cpu_threads() == default_cpu_threads("single-head") == 1
+    assert default_cpu_threads("transformer") == min(2, os.cpu_count())
+    assert default_cpu_threads(Transformer(8, 1, 2, 8)) == default_cpu_threads("transformer")
+    assert default_cpu_threads(RetrievalHead()) == 1
+    with pytest.raises(ValueError, match="path"):
+        default_cpu_threads("mlp")
+    monkeypatch.setenv("LENGTHGEN_THREADS", "3")
+    assert default_cpu_threads() == default_cpu_threads("transformer") == 3  # the override applies to every path
     monkeypatch.setenv("LENGTHGEN_THREADS", "zero")
     with pytest.raises(ValueError, match="LENGTHGEN_THREADS"):
         default_cpu_threads()
+
+
+def _threads_seen(model, run) -> set:
+    """The intra-op thread counts in force whenever ``model`` computes (its forward passes, and the
+    transformer's block loop, which head_scores runs without forward) while ``run()`` executes."""
+    seen = set()
+    handle = model.register_forward_pre_hook(lambda *_: seen.add(torch.get_num_threads()))
+    if hasattr(model, "_run"):
+        inner = model._run
+
+        def recording_run(*args, **kwargs):
+            seen.add(torch.get_num_threads())
+            return inner(*args, **kwargs)
+
+        model._run = recording_run
+    try:
+        run()
+    finally:
+        handle.remove()
+        model.__dict__.pop("_run", None)
+    return seen
+
+
+@pytest.mark.parametrize("threads_env", [None, "1"])
+def test_training_and_evaluation_of_each_model_use_its_paths_thread_count(monkeypatch, threads_env):
+    """The rule lives in one place (training.CPU_THREADS): the single head trains and is evaluated with
+    1 thread, the transformer with 2 (capped at the cores); $LENGTHGEN_THREADS overrides both; the count
+    of the process is restored afterwards."""
+    from lengthgen_utils.evaluation import squared_error_by_length, token_accuracy_by_position
+    from lengthgen_utils.models import KernelHead
+    from lengthgen_utils.tasks import DelayedCopy
+    from lengthgen_utils.training import train_sequence, train_squared_loss
+
+    if threads_env is None:
+        monkeypatch.delenv("LENGTHGEN_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("LENGTHGEN_THREADS", threads_env)
+    before = torch.get_num_threads()
+    want_head = 1
+    want_transformer = 1 if threads_env else min(2, os.cpu_count())
+    task = FixedOffsetRetrieval(16, 3)
+    head = RetrievalHead(n_models=2)
+    assert _threads_seen(head, lambda: train(head, task, steps=2, batch_size=8, device="cpu")) == {want_head}
+    from lengthgen_utils.evaluation import accuracy_by_length
+    assert _threads_seen(head, lambda: accuracy_by_length(head, task, [16], n_samples=8)) == {want_head}
+    kernel = KernelHead(n_models=2)
+    assert _threads_seen(kernel, lambda: train_squared_loss(kernel, task, steps=2, batch_size=8,
+                                                            device="cpu")) == {want_head}
+    assert _threads_seen(kernel, lambda: squared_error_by_length(kernel, task, [16], n_samples=8)) == {want_head}
+    model, copy = Transformer(16, 1, 2, 16, n_models=2), DelayedCopy(16, 2)
+    assert _threads_seen(model, lambda: train_sequence(model, copy, steps=2, batch_size=4, train_len=8,
+                                                       device="cpu")) == {want_transformer}
+    assert _threads_seen(model, lambda: token_accuracy_by_position(model, copy, 16, n_samples=4)) == {want_transformer}
+    from lengthgen_utils.probes import head_offset_profiles, shift_invariance
+    tokens, _ = copy.sample(2, 16, torch.Generator().manual_seed(0))
+    assert _threads_seen(model, lambda: shift_invariance(model, tokens, (1, 7))) == {want_transformer}
+    assert _threads_seen(model, lambda: head_offset_profiles(model, copy, 16, n_samples=2)) == {want_transformer}
+    assert torch.get_num_threads() == before
 
 
 # ---------------------------------------------------------------- the results cache
@@ -192,17 +272,40 @@ def test_cache_miss_then_hit(tmp_path):
     assert status3 == "miss" and len(list(tmp_path.glob("*.pt"))) == 2
 
 
-def test_cache_key_covers_config_version_code_torch_and_device(monkeypatch):
+def test_cache_key_covers_config_version_code_torch_device_and_threads(monkeypatch):
     base = cache_description(ToyConfig(), "cpu")
     key = lg_cache.make_key(base)
     assert base["config"] == {"class": "ToyConfig", "size": 3, "scale": 1.5}
     assert lg_cache.make_key(cache_description(ToyConfig(scale=1.50001), "cpu")) != key
     assert lg_cache.make_key(cache_description(ToyConfig(), "cuda")) != key
+    # the intra-op thread count changes float rounding: part of the key on the CPU, not on a GPU
+    one, two = (lg_cache.make_key(cache_description(ToyConfig(), "cpu", n)) for n in (1, 2))
+    assert len({key, one, two}) == 3
+    assert cache_description(ToyConfig(), "cuda", 2) == cache_description(ToyConfig(), "cuda", 1)
     monkeypatch.setattr(lg_cache, "__version__", "9.9.9")
     assert lg_cache.make_key(cache_description(ToyConfig(), "cpu")) != key
     monkeypatch.setattr(lg_cache, "_FINGERPRINT", "0" * 16)
     assert cache_description(ToyConfig(), "cpu")["code"] == "0" * 16
     assert {"lengthgen_utils", "code", "torch", "device"} <= set(base)
+
+
+def test_a_transformer_result_is_cached_per_thread_count(tmp_path, monkeypatch):
+    """run_transformer keys its entry by the thread count it trains with: another count is another entry,
+    the same count a hit (the loaded weights are the ones stored)."""
+    from lengthgen_utils.configs import TransformerExperiment
+    from lengthgen_utils.runners import run_transformer
+
+    exp = TransformerExperiment(d_model=16, n_heads=2, n_layers=1, batch_size=4, steps=2, n_seeds=1,
+                                eval_samples=2, eval_lengths=(32,))
+    monkeypatch.setenv("LENGTHGEN_THREADS", "1")
+    first = run_transformer(exp, device="cpu", cache=tmp_path)
+    monkeypatch.setenv("LENGTHGEN_THREADS", "2")
+    run_transformer(exp, device="cpu", cache=tmp_path)
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+    monkeypatch.setenv("LENGTHGEN_THREADS", "1")
+    again = run_transformer(exp, device="cpu", cache=tmp_path)
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+    assert torch.equal(again.loss_history, first.loss_history)
 
 
 def test_stale_entry_of_another_version_is_not_used(tmp_path, monkeypatch):
@@ -415,9 +518,28 @@ def test_benchmark_smoke(capsys):
     from lengthgen_utils import bench
 
     assert bench.main(["--sizes", "1", "2", "--steps", "2", "--reps", "1", "--seq-models", "1", "--sweep", "none",
-                       "--no-thread-comparison", "--device", "cpu"]) == 0
+                       "--no-thread-comparison", "--device", "cpu", "--tf-sizes", "1", "2", "--tf-threads", "1",
+                       "--tf-steps", "2", "--tf-reps", "1", "--no-compile"]) == 0
     out = capsys.readouterr().out
     assert "model-steps/s" in out and "MFLOP" in out and "ratio" in out
+    # section 5: the package's transformer and its peers, side by side, training the same models
+    rows = [line.split()[0] for line in out.splitlines() if line.strip().startswith(("package", "plain", "vmap"))]
+    assert rows[:3] == ["package", "plain", "vmap"], rows
+    agreement = next(line for line in out.splitlines() if "trains the same models" in line)
+    assert float(agreement.rsplit("=", 1)[1]) < 1e-4, agreement
+    assert "torch.compile: skipped" in out and "M=2: package" in out
+
+
+def test_benchmark_peers_are_the_package_model():
+    """The benchmark's plain model, given the package model's weights, computes the same logits (the peers
+    train the same function, so their speed is comparable)."""
+    from lengthgen_utils import bench
+
+    model = Transformer(16, 2, 4, 64, "rope", max_len=32, n_models=2)
+    tokens, _ = bench.tf_batches(1)[0]
+    with torch.no_grad():
+        for i in range(2):
+            torch.testing.assert_close(bench.plain_copy(model, i)(tokens), model(tokens)[i], rtol=1e-5, atol=1e-5)
 
 
 def test_cli_runs_the_transformer_suite(monkeypatch, tmp_path, capsys):
@@ -431,3 +553,32 @@ def test_cli_runs_the_transformer_suite(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("rope ", "ape ", "nope "))]
     assert rows == ["rope", "ape", "nope"] and "t >= 32 @256" in out and "wall time" in out
+
+
+def test_buildtime_runs_the_toc_in_order_and_gives_kernels_this_checkout_and_a_fresh_cache(tmp_path, monkeypatch):
+    """The per-chapter timing script runs _toc.yml's notebooks in the order the build executes them (the
+    chapters before the scoreboard that reads their records), and the kernels it starts
+    import this checkout's package with the cache and claims folders it chose (a notebook that checks them
+    fails otherwise)."""
+    import nbformat
+
+    from lengthgen_utils import buildtime
+
+    paths = [p.relative_to(REPO).as_posix() for p in buildtime.toc_notebooks()]
+    assert paths and paths == sorted(paths) and paths[0].startswith("chapters/01_")
+    assert paths.index("scoreboard.ipynb") > max(i for i, p in enumerate(paths) if p.startswith("chapters/"))
+    env = buildtime.kernel_environment(tmp_path / "cache", tmp_path / "claims", "quick")
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(f"""
+        import os, lengthgen_utils
+        from lengthgen_utils.cache import cache_dir
+        assert lengthgen_utils.__file__.startswith({str(REPO)!r}), lengthgen_utils.__file__
+        assert str(cache_dir()) == {str(tmp_path / "cache")!r} and os.environ["LENGTHGEN_PROFILE"] == "quick"
+        """)), nbformat.v4.new_code_cell("assert False, 'a failing check'")]
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(nb, path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    seconds, error, cpu = buildtime.execute(path, timeout=120)
+    assert seconds > 0 and cpu > 0 and error is not None and "a failing check" in error  # the first cell passed

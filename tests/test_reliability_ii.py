@@ -425,10 +425,10 @@ def test_transformer_experiment_with_a_list_of_eval_lengths_runs_and_keys_the_ca
     result = runners.run_transformer(exp, device="cpu", cache=tmp_path)
     assert sorted(result.accuracy) == [32, 64] and sorted(result.outside) == [32, 64]
     assert result.accuracy[64].shape == (1, 64)
-    key = cache.make_key(cache.cache_description(exp, "cpu"))
+    key = cache.make_key(cache.cache_description(exp, "cpu", training.default_cpu_threads("transformer")))
     assert (tmp_path / f"{key}.pt").exists()
     payload, status = cache.load_or_run(exp, lambda: pytest.fail("a cache hit must not recompute"), cache=tmp_path,
-                                        device="cpu")
+                                        device="cpu", threads=training.default_cpu_threads("transformer"))
     assert status == "hit"
 
 
@@ -554,7 +554,8 @@ ONE_VALUE = {
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
              "probes.copy_head_placement"},  # one experiment / the check itself: one task
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
-               "tasks.batch_targets", "tasks.query_targets"},  # [B, L] shared by every model
+               "tasks.batch_targets", "tasks.query_targets",
+               "bench.PlainGPT.forward"},  # [B, L] shared by every model (the benchmark's peer: one model)
     "weights": {"kernel.participation_ratio", "kernel.spectrum_alignment"},  # any non-negative weights, no model dimension assumed
     # a null's seed (one random stream for every draw), per-head labels and margins of figures whose length
     # defines M, and a result's record filled by the runner
@@ -562,7 +563,7 @@ ONE_VALUE = {
              "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
              "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
-             "zoo.shift_violation"},
+             "zoo.shift_violation", "bench.tf_batches"},  # the benchmark's batches: one stream for every model
     "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap", "plots.r2_vs_reach",
                "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel
