@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PROFILE_ENV, CACHE_ENV, CLAIMS_ENV)}
     os.environ.update(kernel_environment(work / "cache", work / "claims", profile))
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks in _toc.yml order; "
+    print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks of _toc.yml in the order the build runs them; "
           f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={os.environ.get(THREADS_ENV) or 'unset'}; "
           f"load average {load0}", flush=True)
     passes = ("cold", "warm")[: 1 if args.cold_only else 2]

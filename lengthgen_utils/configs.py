@@ -136,8 +136,34 @@ class RetrievalExperiment(SingleHeadSettings):
         return FixedOffsetRetrieval(self.vocab_size, self.offset)
 
 
+class _OffsetMajorEnsemble:
+    """One ensemble holding ``n_seeds`` models per offset of ``offsets``, offset-major (a mixin of the
+    sweeps whose models each retrieve at their own offset: needs the fields ``offsets``, ``n_seeds``,
+    ``vocab_size`` and ``min_train_len``)."""
+
+    @property
+    def n_models(self) -> int:
+        """Models in one ensemble: ``len(offsets) * n_seeds``."""
+        return len(self.offsets) * self.n_seeds
+
+    @property
+    def tasks(self) -> list[FixedOffsetRetrieval]:
+        """One task per model of an ensemble, offset-major."""
+        return [FixedOffsetRetrieval(self.vocab_size, k) for k in self.offsets for _ in range(self.n_seeds)]
+
+    @property
+    def seeds(self) -> list[int]:
+        """One initialisation seed per model of an ensemble, offset-major."""
+        return [s for _ in self.offsets for s in range(self.n_seeds)]
+
+    @property
+    def shortest_train_len(self) -> int:
+        """The shortest training length every model sees: ``min_train_len``, else the largest offset + 2."""
+        return self.min_train_len if self.min_train_len is not None else max(self.offsets) + 2
+
+
 @dataclass(frozen=True)
-class RetrievalSweep(SingleHeadSettings):
+class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
     """A sweep of single-head ensembles: every (encoding, attention) pair is one batched ensemble of
     ``len(offsets) * n_seeds`` models that differ in offset and initialisation seed.
 
@@ -179,26 +205,6 @@ class RetrievalSweep(SingleHeadSettings):
         """The sweep with a profile's compute settings, offsets and attention types, and any field overridden."""
         base = {**cls._profile_overrides(profile), "offsets": profile.offsets, "attentions": profile.attentions}
         return cls(**{**base, **overrides})
-
-    @property
-    def shortest_train_len(self) -> int:
-        """The shortest training length every model of the sweep sees."""
-        return self.min_train_len if self.min_train_len is not None else max(self.offsets) + 2
-
-    @property
-    def n_models(self) -> int:
-        """Models per ensemble: ``len(offsets) * n_seeds``."""
-        return len(self.offsets) * self.n_seeds
-
-    @property
-    def tasks(self) -> list[FixedOffsetRetrieval]:
-        """One task per model of an ensemble, offset-major."""
-        return [FixedOffsetRetrieval(self.vocab_size, k) for k in self.offsets for _ in range(self.n_seeds)]
-
-    @property
-    def seeds(self) -> list[int]:
-        """One initialisation seed per model of an ensemble, offset-major."""
-        return [s for _ in self.offsets for s in range(self.n_seeds)]
 
     def ensemble(self, pe, attention: str = "softmax") -> "RetrievalSweep":
         """The one-ensemble sweep of ``(pe, attention)``: the unit that is trained and cached."""
@@ -275,7 +281,7 @@ class SnapshotSweep:
 
 
 @dataclass(frozen=True)
-class RecurrentExperiment(SingleHeadSettings):
+class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
     """An ensemble of :class:`~lengthgen_utils.models.LinearRNN` models on fixed-offset retrieval (chapter 8).
 
     One model per (offset, seed), offset-major, trained together on one data stream as a
@@ -307,25 +313,6 @@ class RecurrentExperiment(SingleHeadSettings):
         """The experiment with a profile's compute settings and any field overridden."""
         return cls(**{**cls._profile_overrides(profile), **overrides})
 
-    @property
-    def n_models(self) -> int:
-        """Models in the ensemble: ``len(offsets) * n_seeds``."""
-        return len(self.offsets) * self.n_seeds
-
-    @property
-    def tasks(self) -> list[FixedOffsetRetrieval]:
-        """One task per model, offset-major."""
-        return [FixedOffsetRetrieval(self.vocab_size, k) for k in self.offsets for _ in range(self.n_seeds)]
-
-    @property
-    def seeds(self) -> list[int]:
-        """One initialisation seed per model, offset-major."""
-        return [s for _ in self.offsets for s in range(self.n_seeds)]
-
-    @property
-    def shortest_train_len(self) -> int:
-        """The shortest training length every model sees."""
-        return self.min_train_len if self.min_train_len is not None else max(self.offsets) + 2
 
 
 SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())

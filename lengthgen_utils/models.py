@@ -114,6 +114,27 @@ class Ensemble(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def _fresh(self, seeds: list[int]) -> "Ensemble":
+        """A newly initialised ensemble of the same configuration with one model per seed (for :meth:`subset`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support subset()")
+
+    def subset(self, indices) -> "Ensemble":
+        """A copy holding ensemble members ``indices`` (in that order), e.g. the seeds of one offset of a sweep.
+
+        Raises:
+            ValueError / TypeError: an index outside ``0 .. n_models-1``, or an empty list.
+            NotImplementedError: a model class without :meth:`_fresh`.
+        """
+        indices = check_int_sequence("indices", indices, minimum=0)
+        for i in indices:
+            check_int("indices", i, minimum=0, maximum=self.n_models - 1)
+        copy = self._fresh([self.seeds[i] for i in indices]).to(self.device)
+        index = torch.tensor(indices, device=self.device)
+        with torch.no_grad():
+            for (_, p_copy), (_, p) in zip(copy.named_parameters(), self.named_parameters()):
+                p_copy.copy_(p[index])
+        return copy
+
 
 class EnsembleModel(Ensemble):
     """What every model with a position encoding shares: a configuration ``config`` whose ``pe`` is the
@@ -279,24 +300,10 @@ class RetrievalHead(EnsembleModel):
         """A one-model copy of ensemble member ``index`` (for checks and plots)."""
         return self.subset([check_int("index", index, minimum=0, maximum=self.n_models - 1)])
 
-    def subset(self, indices) -> "RetrievalHead":
-        """A copy holding ensemble members ``indices`` (in that order), e.g. the seeds of one offset of a sweep.
-
-        Raises:
-            ValueError / TypeError: an index outside ``0 .. n_models-1``, or an empty list.
-        """
-        indices = check_int_sequence("indices", indices, minimum=0)
-        for i in indices:
-            check_int("indices", i, minimum=0, maximum=self.n_models - 1)
+    def _fresh(self, seeds: list[int]) -> "RetrievalHead":
         cfg = self.config
-        copy = RetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
-                             n_models=len(indices), seeds=[self.seeds[i] for i in indices]).to(self.device)
-        index = torch.tensor(indices, device=self.device)
-        with torch.no_grad():
-            for (_, p_copy), (_, p) in zip(copy.named_parameters(), self.named_parameters()):
-                p_copy.copy_(p[index])
-        return copy
-
+        return RetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
+                             n_models=len(seeds), seeds=seeds)
 
     def with_attention(self, attention: str) -> "RetrievalHead":
         """A copy with the same weights whose attention row uses another normaliser (chapter 6's test-time swap).
@@ -511,23 +518,9 @@ class LinearRNN(Ensemble):
         logits = torch.einsum(pattern, one_hot, kernel)
         return logits, kernel.detach().flatten(2).norm(dim=-1).flip(1)
 
-    def subset(self, indices) -> "LinearRNN":
-        """A copy holding ensemble members ``indices`` (in that order).
-
-        Raises:
-            ValueError / TypeError: an index outside ``0 .. n_models-1``, or an empty list.
-        """
-        indices = check_int_sequence("indices", indices, minimum=0)
-        for i in indices:
-            check_int("indices", i, minimum=0, maximum=self.n_models - 1)
+    def _fresh(self, seeds: list[int]) -> "LinearRNN":
         cfg = self.config
-        copy = LinearRNN(cfg.vocab_size, cfg.d_state, cfg.init_scale, n_models=len(indices),
-                         seeds=[self.seeds[i] for i in indices]).to(self.device)
-        index = torch.tensor(indices, device=self.device)
-        with torch.no_grad():
-            for (_, p_copy), (_, p) in zip(copy.named_parameters(), self.named_parameters()):
-                p_copy.copy_(p[index])
-        return copy
+        return LinearRNN(cfg.vocab_size, cfg.d_state, cfg.init_scale, n_models=len(seeds), seeds=seeds)
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)

@@ -78,24 +78,34 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Retrieva
     Returns:
         a :class:`RetrievalResult` whose model lives on ``device``.
     """
+    model, payload, status = _train_query_readout(exp, build_model, exp.task, exp.min_train_len, device, cache)
+    return RetrievalResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"],
+                           extra={"cache": status})
+
+
+def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
+    """Train ``build(exp)`` with :func:`~lengthgen_utils.training.train` and evaluate it at ``exp.eval_lengths``
+    (or load both from the results cache): the recipe every query-readout ensemble shares.
+
+    Returns:
+        ``(model on device in eval mode, payload, cache status)``.
+    """
     device = _device(device)
     lengths = exp.eval_lengths
 
     def compute():
-        model = build_model(exp)
-        history = train(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
+        model = build(exp)
+        history = train(model, task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
                         train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
-                        seed=exp.data_seed, device=device, min_train_len=exp.min_train_len)
-        acc = accuracy_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)
+                        seed=exp.data_seed, device=device, min_train_len=min_train_len)
+        acc = accuracy_by_length(model, task, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
     payload, status = load_or_run(exp, compute, cache=cache, device=device,
                                   threads=default_cpu_threads("single-head"))
-    model = build_model(exp)
+    model = build(exp)
     model.load_state_dict(payload["state_dict"])
-    model.to(device).eval()
-    return RetrievalResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"],
-                           extra={"cache": status})
+    return model.to(device).eval(), payload, status
 
 
 # ---------------------------------------------------------------- sweeps: seeds x offsets x encodings x attention
@@ -465,21 +475,7 @@ def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> Recurren
     Returns:
         a :class:`RecurrentResult` whose model lives on ``device``.
     """
-    device = _device(device)
-    lengths = exp.eval_lengths
-
-    def compute():
-        model = _linear_rnn(exp)
-        history = train(model, exp.tasks, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
-                        train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
-                        seed=exp.data_seed, device=device, min_train_len=exp.shortest_train_len)
-        acc = accuracy_by_length(model, exp.tasks, lengths, n_samples=exp.eval_samples)
-        return _model_payload(model, history, lengths, acc)
-
-    payload, _ = load_or_run(exp, compute, cache=cache, device=device, threads=default_cpu_threads("single-head"))
-    model = _linear_rnn(exp)
-    model.load_state_dict(payload["state_dict"])
-    model.to(device).eval()
+    model, payload, _ = _train_query_readout(exp, _linear_rnn, exp.tasks, exp.shortest_train_len, device, cache)
     return RecurrentResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"])
 
 
