@@ -755,7 +755,7 @@ def head_offset_heatmap(profile, title: str, max_offset: int | None = None, valu
     z = profile[:, :, :n_off].reshape(n_layers * n_heads, n_off)
     rows = [f"layer {l + 1} head {h + 1}" for l in range(n_layers) for h in range(n_heads)]
     fig = go.Figure(go.Heatmap(z=z, x=[-d for d in range(n_off)], y=rows, colorscale="Viridis",
-                               colorbar=dict(title=value),
+                               colorbar=dict(title=dict(text=value, side="right")),
                                hovertemplate="%{y}, D = %{x}: %{z:.3f}<extra></extra>"))
     fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 60 + 28 * len(rows)))
     fig.update_xaxes(title="relative position D = j − i (tokens)")  # left to right, as every offset axis of the book
