@@ -741,12 +741,12 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
 
 
 def head_offset_heatmap(profile, title: str, max_offset: int | None = None, value: str = "mean attention weight") -> go.Figure:
-    """Heatmap of a per-head offset profile: rows = (layer, head), columns = offset ``D = -d``.
+    """Heatmap of a per-head profile by distance: rows = (layer, head), columns = relative position ``D = -d``.
 
     Args:
-        profile: ``[n_layers, n_heads, n_offsets]`` (index ``d`` is offset ``-d``).
+        profile: ``[n_layers, n_heads, n_distances]`` (index ``d`` is the relative position ``D = -d``).
         title: figure title.
-        max_offset: show offsets ``0 .. -max_offset`` only.
+        max_offset: show relative positions ``0 .. -max_offset`` only.
         value: what the colour encodes (colour-bar title).
     """
     profile = np.asarray(profile, dtype=float)
@@ -755,8 +755,8 @@ def head_offset_heatmap(profile, title: str, max_offset: int | None = None, valu
     z = profile[:, :, :n_off].reshape(n_layers * n_heads, n_off)
     rows = [f"layer {l + 1} head {h + 1}" for l in range(n_layers) for h in range(n_heads)]
     fig = go.Figure(go.Heatmap(z=z, x=[-d for d in range(n_off)], y=rows, colorscale="Viridis",
-                               colorbar=dict(title=value),
-                               hovertemplate="%{y}, offset %{x}: %{z:.3f}<extra></extra>"))
+                               colorbar=dict(title=dict(text=value, side="right")),
+                               hovertemplate="%{y}, D = %{x}: %{z:.3f}<extra></extra>"))
     fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 60 + 28 * len(rows)))
     fig.update_xaxes(title="relative position D = j − i (tokens)")  # left to right, as every offset axis of the book
     fig.update_yaxes(title="", autorange="reversed")
