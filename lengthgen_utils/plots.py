@@ -192,6 +192,18 @@ def _label(key) -> str:
     return encoding.label if encoding is not None else str(key)
 
 
+SHORT_LABELS = (("APE (learned)", "APE"), (" + random positions", " + rand. pos."), (" + random shift", " + rand. shift"))
+
+
+def short_label(key) -> str:
+    """A curve's label (see ``_label``) shortened to fit beside a panel on a phone: ``"APE (learned) + random
+    shift"`` becomes ``"APE + rand. shift"``; the chapter's caption names the encodings in full."""
+    label = _label(key)
+    for long, short in SHORT_LABELS:
+        label = label.replace(long, short)
+    return label
+
+
 def _color(key, i: int) -> str:
     """A curve's colour: the encoding's own when the key is an encoding (or its name), else the i-th of the palette."""
     encoding = _encoding(key)
@@ -1751,7 +1763,7 @@ def encoding_panels(curves: dict, attention, train_len: int, target: int, chance
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
-                        subplot_titles=("accuracy (mean, min..max)", "attention at the longest length"))
+                        subplot_titles=("accuracy", f"attention, L = {np.shape(attention)[-1]}"))
     ticks = set()
     for name, (multiples, acc, dash) in curves.items():
         x = np.log2(np.asarray(multiples, dtype=float))
@@ -1784,10 +1796,10 @@ def encoding_panels(curves: dict, attention, train_len: int, target: int, chance
                   annotation_text=f"chance {chance:.3f}", annotation_position="bottom right")
     fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.15, line_width=0, row=1, col=2)
     ticks = sorted(ticks)
-    fig.update_xaxes(title="length / training length (log scale)", tickvals=np.log2(ticks),
+    fig.update_xaxes(title="length / training<br>length (log scale)", tickvals=np.log2(ticks),
                      ticktext=[f"{t}x" for t in ticks], row=1, col=1)
     fig.update_yaxes(title="accuracy (fraction)", range=[-0.02, 1.05], row=1, col=1)
-    fig.update_xaxes(title="key position (tokens)", range=[-1, attention.shape[1]], row=1, col=2)
+    fig.update_xaxes(title="key position<br>(tokens)", range=[-1, attention.shape[1]], row=1, col=2)
     fig.update_yaxes(title="attention weight", range=[-0.02, 1.05], row=1, col=2)
     fig.update_layout(title=title, height=FIGURE_HEIGHT + 60, margin=dict(t=150, b=70),
                       legend=dict(orientation="h", x=0.0, xanchor="left", y=1.13, yanchor="bottom"))
@@ -1817,7 +1829,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
 
     _check_panels(curves, "curves")
     n_rows = (len(curves) + 1) // 2
-    fig = make_subplots(rows=n_rows, cols=2, subplot_titles=[_label(n) for n in curves],
+    fig = make_subplots(rows=n_rows, cols=2, subplot_titles=[short_label(n) for n in curves],
                         horizontal_spacing=0.12, vertical_spacing=0.5 / n_rows)
     for i, (name, margins) in enumerate(curves.items()):
         m = np.asarray(margins, dtype=float)
@@ -1847,16 +1859,17 @@ def violations_by_encoding(values: dict, tolerance: float, title: str, floor: fl
 
     Args:
         values: ``{encoding (or name): (random, trained)}``, the largest logit change under a global shift.
-        tolerance: the exactness threshold, drawn as a vertical line.
+        tolerance: the exactness threshold, drawn as a vertical line (its value belongs in the caption).
         title: figure title.
-        floor: a value below it (an exact 0) is drawn at ``floor`` and says so on hover.
+        floor: a value below it (an exact 0) is drawn at ``floor`` (the caption should say so); the hover text
+            gives the exact value.
 
     Returns:
-        a plotly ``Figure`` with one row per encoding.
+        a plotly ``Figure`` with one row per encoding, labelled by :func:`short_label`.
     """
     _check_panels(values, "values")
     names = list(values)
-    labels = [_label(n) for n in names]
+    labels = [short_label(n) for n in names]
     fig = go.Figure()
     for k, (kind, symbol) in enumerate((("random head", "circle-open"), ("trained", "circle"))):
         xs = [float(values[n][k]) for n in names]
@@ -1865,9 +1878,11 @@ def violations_by_encoding(values: dict, tolerance: float, title: str, floor: fl
                                              line=dict(width=2, color=[_color(n, i) for i, n in enumerate(names)])),
                                  customdata=xs, hovertemplate="%{y}, " + kind + ": %{customdata:.2e}<extra></extra>"))
     fig.add_vline(x=tolerance, line=dict(color="black", dash="dash", width=1),
-                  annotation_text=f"tolerance {tolerance:g}", annotation_position="top")
-    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 140 + 32 * len(names)), margin=dict(l=230))
-    fig.update_xaxes(title=f"max |Δ logit| (log scale; 0 drawn at {floor:g})",
-                     type="log", exponentformat="power")
+                  annotation_text="tolerance", annotation_position="bottom left")
+    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 140 + 32 * len(names)))
+    drawn = [max(float(v[k]), floor) for v in values.values() for k in (0, 1)]
+    span = [np.log10(min(drawn + [tolerance])) - 0.5, np.log10(max(drawn + [tolerance])) + 0.5]
+    fig.update_xaxes(title="max |Δ logit| (log scale)", type="log", exponentformat="power", range=span,
+                     dtick=4, tick0=0, tickangle=0)  # a label every 4 decades: more collide on a phone
     fig.update_yaxes(autorange="reversed")
     return fig
