@@ -1807,7 +1807,7 @@ def encoding_panels(curves: dict, attention, train_len: int, target: int, chance
 
 
 def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str) -> go.Figure:
-    """The trained query's logit at each offset minus its logit at the target offset: one panel per encoding.
+    """The trained query's logit at each relative position D minus its logit at the target's: one panel per encoding.
 
     The encodings' margins differ by orders of magnitude, so each panel has its own y axis.
 
@@ -1819,7 +1819,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
         title: figure title.
 
     Returns:
-        a plotly ``Figure`` with two panels per row: x = offset D (tokens), y = margin (logit units); a key
+        a plotly ``Figure`` with two panels per row: x = relative position D = j - i (tokens), y = margin (logit units); a key
         above the zero line beats the target.
 
     Raises:
@@ -1848,7 +1848,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
                       row=row, col=col)
         fig.add_vline(x=-offset, line=dict(color="black", dash="dot", width=1), row=row, col=col)
         fig.add_hline(y=0, line=dict(color="black", width=1), row=row, col=col)
-        fig.update_xaxes(title="offset D (tokens)" if row == n_rows else None, row=row, col=col)
+        fig.update_xaxes(title="D = j − i (tokens)" if row == n_rows else None, row=row, col=col)
         fig.update_yaxes(title="margin (logits)" if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title, height=150 + 210 * n_rows, margin=dict(t=110))
     return fig
