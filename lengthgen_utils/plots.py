@@ -1331,7 +1331,7 @@ def measure_vs_nulls(groups: dict, measure: str, title: str, y_title: str | None
         values = np.asarray(values, dtype=float).ravel()
         if values.size == 0:
             raise ValueError(f"group {name!r} is empty")
-        fig.add_trace(go.Box(y=values, name=f"{name}<br>(n = {values.size})", marker_color=PALETTE[i % 10],
+        fig.add_trace(go.Box(y=values, name=f"{name}<br>n={values.size}", marker_color=PALETTE[i % 10],
                              boxpoints="outliers" if values.size > 200 else "all", jitter=0.4, pointpos=0,
                              marker=dict(size=4), line=dict(width=1.5)))
     fig.update_layout(title=title, showlegend=False)
