@@ -100,25 +100,25 @@ NUMBER_LABELS = {
     "ape_min_shift_dlogit": "APE, logit change under a shift (smallest)",
     "ape_16x_vs_1x_row_diff_min": "APE, 16x vs 1x score-row difference (smallest)",
     # chapter 3
-    "fixed_pinned_position": "fixed length: pinned position",
-    "fixed_share_min": "fixed length: share of test lengths at the pin (lowest)",
-    "fixed_weight_on_pin_min": "fixed length: attention on the pin (lowest)",
-    "variable_weight_on_pin_max": "variable lengths: attention on the pin (highest)",
-    "variable_seeds_one_position_90pct": "variable lengths: seeds at one position for ≥ 90% of lengths",
-    "variable_acc_2x": "variable lengths: accuracy at 2x",
-    "target_vs_decoy_max_gap": "variable lengths: target vs decoy accuracy, largest gap",
+    "fixed_pinned_position": "fixed length, pinned position",
+    "fixed_share_min": "fixed length, share of test lengths at the pin (lowest)",
+    "fixed_weight_on_pin_min": "fixed length, attention on the pin (lowest)",
+    "variable_weight_on_pin_max": "variable lengths, attention on the pin (highest)",
+    "variable_seeds_one_position_90pct": "variable lengths, seeds at one position for ≥ 90% of lengths",
+    "variable_acc_2x": "variable lengths, accuracy at 2x",
+    "target_vs_decoy_max_gap": "variable lengths, target vs decoy accuracy, largest gap",
     # chapter 4
     "auc_C_variation_min": "AUC of C (variation) vs the nulls, lowest",
     "auc_peak_z_min": "AUC of peak z vs the nulls, lowest",
     "auc_top2_range": "AUC of top-2 kept vs the nulls, lowest / highest",
-    "base10_low_rank_share": "base 10: share of trained heads low rank",
+    "base10_low_rank_share": "base 10, share of trained heads low rank",
     "alias_prediction_agreement": "heads whose alias is predicted from the weights",
     "failure_prediction_agreement": "heads whose first failing length is predicted",
-    "failing_by_4096": "share of heads failing by 4096 tokens, per RoPE base",
+    "failing_by_4096": "share of heads failing by 4096 tokens, by RoPE base",
     # chapter 5
-    "consistency_max_abs_dp": "consistency: largest |Δp|, kernel vs model",
-    "law_slope_max_rel_error": "long-run law: largest relative slope error",
-    "law_heads_resolved": "long-run law: heads resolved",
+    "consistency_max_abs_dp": "consistency, largest |Δp| kernel vs model",
+    "law_slope_max_rel_error": "long-run law, largest relative slope error",
+    "law_heads_resolved": "long-run law, heads resolved",
     "first_failure_at_predicted_alias": "heads that first fail at the predicted alias",
     "law_r2_ge_0.9_where_n_exp_minus_kappa_ge_20": "heads with R² ≥ 0.9 where n e^-κ ≥ 20",
     "law_r2_ge_0.9_where_n_exp_minus_kappa_le_1": "heads with R² ≥ 0.9 where n e^-κ ≤ 1",
@@ -175,7 +175,7 @@ def scoreboard_table(claims: dict | None = None):
     Returns:
         a ``pandas.DataFrame``, one row per claim, with columns claim (``"C1"``), chapter (``"ch. 1"``), chapter
         page (its HTML page relative to the book's root), the paper says (our split of the abstract), status,
-        what the book measured (the chapter's summary), key numbers (one ``"label = value"`` per line, labels
+        what the book measured (the chapter's summary), key numbers (one ``"label: value"`` per line, labels
         from :func:`number_label`) and profile; a claim without a record says "not run in this build" and
         leaves the other columns empty. :func:`scoreboard_html` lays it out for the page.
     """
@@ -186,7 +186,7 @@ def scoreboard_table(claims: dict | None = None):
     for claim in list(CLAIMS) + sorted(c for c in claims if c not in CLAIMS):
         record = claims.get(claim) or {}
         name, page = chapter_link(record.get("chapter", ""))
-        numbers = "\n".join(f"{number_label(k)} = {_fmt(v, number_label(k))}"
+        numbers = "\n".join(f"{number_label(k)}: {_fmt(v, number_label(k))}"
                             for k, v in record.get("numbers", {}).items())
         rows.append({"claim": claim, "chapter": name, "chapter page": page,
                      "the paper says": CLAIMS.get(claim, "(beyond the paper)"),
@@ -237,7 +237,7 @@ def scoreboard_html(table) -> str:
         caption = "Profiles: " + "; ".join(
             f"{escape(p)} ({escape(', '.join(table.loc[table['profile'] == p, 'claim']))})" for p in profiles) + "."
     head = "".join(f'<th {cell}>{h}</th>' for h in ("claim", "the paper says", "status", "what the book measured"))
-    return ('<div style="overflow-x:auto"><table class="scoreboard" style="width:100%; min-width:36em; '
+    return ('<div style="overflow-x:auto"><table class="scoreboard" style="width:100%; min-width:40em; '
             'table-layout:fixed; border-collapse:collapse; font-size:0.85em; line-height:1.35">'
             f'<caption style="caption-side:bottom; text-align:left; padding-top:0.5em">{caption}</caption>'
             '<colgroup><col style="width:4.5em"><col style="width:30%"><col style="width:7.5em"><col></colgroup>'
@@ -246,7 +246,7 @@ def scoreboard_html(table) -> str:
 
 def _fmt(value, label: str = "") -> str:
     """A key number as text: floats to 3 significant digits (``2e-07`` -> ``2e-7``), ``None`` as "none", lists
-    joined by " / " where the label reads "a / b", else by ", ", dicts as ``key: value``."""
+    joined by " / " where the label reads "a / b", else by ", ", dicts as ``key → value``."""
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -256,5 +256,5 @@ def _fmt(value, label: str = "") -> str:
     if isinstance(value, (list, tuple)):
         return (" / " if " / " in label else ", ").join(_fmt(v) for v in value)
     if isinstance(value, dict):
-        return ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items())
+        return ", ".join(f"{k} → {_fmt(v)}" for k, v in value.items())
     return str(value)

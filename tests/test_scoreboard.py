@@ -40,7 +40,7 @@ def test_scoreboard_table_has_a_row_per_claim_and_says_what_was_not_run(tmp_path
     table = scoreboard.scoreboard_table()
     assert list(table["claim"]) == list(scoreboard.CLAIMS) + ["X:zoo"]
     row = table.set_index("claim").loc["C4"]
-    assert row["status"] == "reproduced in a regime" and row["key numbers"] == "top2 = 0.97\nn = 3"
+    assert row["status"] == "reproduced in a regime" and row["key numbers"] == "top2: 0.97\nn: 3"
     assert (row["chapter"], row["chapter page"]) == ("ch. 4", "chapters/04_carrier_kernel.html")
     assert table.set_index("claim").loc["C1", "status"] == "not run in this build"
 
@@ -53,8 +53,8 @@ def test_scoreboard_html_has_four_columns_a_chapter_link_and_the_profile_once(tm
     html = scoreboard.scoreboard_html(scoreboard.scoreboard_table())
     assert html.count("<th ") == 4 and html.count("<tr>") == 1 + len(scoreboard.CLAIMS)
     assert '<a href="chapters/04_carrier_kernel.html">ch. 4</a>' in html
-    assert "a &lt; b &amp; c" in html and "<li>heads with R² ≥ 0.9 where n e^-κ ≥ 20 = 3/4</li>" in html
-    assert "<li>AUC of top-2 kept vs the nulls, lowest / highest = 0.4 / 0.6</li>" in html
+    assert "a &lt; b &amp; c" in html and "<li>heads with R² ≥ 0.9 where n e^-κ ≥ 20: 3/4</li>" in html
+    assert "<li>AUC of top-2 kept vs the nulls, lowest / highest: 0.4 / 0.6</li>" in html
     assert html.count("quick") == 1 and "profile of this build" in html
     assert "background-color:#f8d7d7" in html and "overflow-x:auto" in html
 
@@ -63,6 +63,7 @@ def test_unknown_number_keys_are_humanised():
     assert scoreboard.number_label("law_r2_ge_0.9_where_n_le_1") == "law R² ≥ 0.9 where n ≤ 1"
     assert scoreboard.number_label("APE at 2x") == "APE at 2x"
     assert scoreboard._fmt(2.5e-07) == "2.5e-7" and scoreboard._fmt(None) == "none"
+    assert scoreboard._fmt({"10": 0.5, "1e+04": 0.25}) == "10 → 0.5, 1e+04 → 0.25"
 
 
 def recorded_number_keys() -> dict[str, list[str]]:
