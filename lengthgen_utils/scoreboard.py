@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
+from html import escape
 from pathlib import Path
 
 from .cache import REPO_ROOT
@@ -86,6 +88,84 @@ def load_claims() -> dict:
     return {r["claim"]: r for r in records}
 
 
+NUMBER_LABELS = {
+    # chapter 1
+    "rope_min_mean_to_4x": "RoPE, lowest mean accuracy up to 4x",
+    "ape_max_abs_dev_from_chance_from_2x": "APE, largest |accuracy - chance| from 2x",
+    "offsets": "offsets k",
+    "seeds": "seeds",
+    # chapter 2
+    "rope_max_shift_dlogit": "RoPE, largest logit change under a shift",
+    "rope_16x_vs_1x_row_diff": "RoPE, largest 16x vs 1x score-row difference",
+    "ape_min_shift_dlogit": "APE, logit change under a shift (smallest)",
+    "ape_16x_vs_1x_row_diff_min": "APE, 16x vs 1x score-row difference (smallest)",
+    # chapter 3
+    "fixed_pinned_position": "fixed length, pinned position",
+    "fixed_share_min": "fixed length, share of test lengths at the pin (lowest)",
+    "fixed_weight_on_pin_min": "fixed length, attention on the pin (lowest)",
+    "variable_weight_on_pin_max": "variable lengths, attention on the pin (highest)",
+    "variable_seeds_one_position_90pct": "variable lengths, seeds at one position for ≥ 90% of lengths",
+    "variable_acc_2x": "variable lengths, accuracy at 2x",
+    "target_vs_decoy_max_gap": "variable lengths, target vs decoy accuracy, largest gap",
+    # chapter 4
+    "auc_C_variation_min": "AUC of C (variation) vs the nulls, lowest",
+    "auc_peak_z_min": "AUC of peak z vs the nulls, lowest",
+    "auc_top2_range": "AUC of top-2 kept vs the nulls, lowest / highest",
+    "base10_low_rank_share": "base 10, share of trained heads low rank",
+    "alias_prediction_agreement": "heads whose alias is predicted from the weights",
+    "failure_prediction_agreement": "heads whose first failing length is predicted",
+    "failing_by_4096": "share of heads failing by 4096 tokens, by RoPE base",
+    # chapter 5
+    "consistency_max_abs_dp": "consistency, largest |Δp| kernel vs model",
+    "law_slope_max_rel_error": "long-run law, largest relative slope error",
+    "law_heads_resolved": "long-run law, heads resolved",
+    "first_failure_at_predicted_alias": "heads that first fail at the predicted alias",
+    "law_r2_ge_0.9_where_n_exp_minus_kappa_ge_20": "heads with R² ≥ 0.9 where n e^-κ ≥ 20",
+    "law_r2_ge_0.9_where_n_exp_minus_kappa_le_1": "heads with R² ≥ 0.9 where n e^-κ ≤ 1",
+    "lawful_heads_gradual": "heads the law describes that fall gradually",
+    "lawful_heads": "heads the law describes (R² ≥ 0.9)",
+    "median_p_at_fall_over_p_star": "target mass where accuracy falls, in p* (median)",
+    # chapter 9
+    "control_2x": "APE at random shifts (control), accuracy at 2x",
+    "ape_2x": "learned APE, accuracy at 2x",
+    "control_16x": "control, accuracy at 16x",
+    "control_tv_inside": "control, attention change under shifts inside (median TV)",
+    "ape_tv_min": "learned APE, attention change under shifts (lowest TV)",
+    "control_copy_visited": "control on delayed copy, accuracy at positions 32..127",
+    "control_copy_beyond": "control on delayed copy, accuracy at positions 128..255",
+    "t5_16x": "T5 bias, accuracy at 16x",
+    "ntk_16x": "RoPE + NTK, accuracy at 16x",
+    "rope_16x": "RoPE, accuracy at 16x",
+}
+"""Short labels for the key numbers the chapters record (their ``record_claim`` keys); a key that is not here
+is shown through :func:`number_label`'s fallback."""
+
+_SYMBOLS = (("_ge_", " ≥ "), ("_le_", " ≤ "), ("_gt_", " > "), ("_lt_", " < "), ("_vs_", " vs "),
+            ("r2", "R²"), ("_", " "))
+
+
+def number_label(key: str) -> str:
+    """A reader's label for a key number: :data:`NUMBER_LABELS`, else the key humanised
+    (``"_ge_"`` -> ``" ≥ "``, ``"_le_"`` -> ``" ≤ "``, ``"r2"`` -> ``"R²"``, other underscores -> spaces)."""
+    if key in NUMBER_LABELS:
+        return NUMBER_LABELS[key]
+    label = key
+    for raw, shown in _SYMBOLS:
+        label = label.replace(raw, shown)
+    return label
+
+
+def chapter_link(chapter: str) -> tuple[str, str]:
+    """``("ch. 4", "chapters/04_carrier_kernel.html")`` for ``"chapters/04_carrier_kernel"``: the chapter's short
+    name and its page, relative to the book's root (where the scoreboard page sits); ``("", "")`` for ``""``."""
+    if not chapter:
+        return "", ""
+    stem = chapter.rsplit("/", 1)[-1]
+    number = stem.split("_", 1)[0]
+    name = f"ch. {int(number)}" if number.isdigit() else stem
+    return name, f"{chapter}.html"
+
+
 def scoreboard_table(claims: dict | None = None):
     """The scoreboard as a table: one row per claim of :data:`CLAIMS` (and per finding beyond the paper).
 
@@ -93,26 +173,88 @@ def scoreboard_table(claims: dict | None = None):
         claims: ``{claim: record}`` (default :func:`load_claims`).
 
     Returns:
-        a ``pandas.DataFrame`` with columns claim, the paper's claim (our split of the abstract), status,
-        what the book measured, key numbers, profile and chapter; a claim without a record says
-        "not run in this build".
+        a ``pandas.DataFrame``, one row per claim, with columns claim (``"C1"``), chapter (``"ch. 1"``), chapter
+        page (its HTML page relative to the book's root), the paper says (our split of the abstract), status,
+        what the book measured (the chapter's summary), key numbers (one ``"label: value"`` per line, labels
+        from :func:`number_label`) and profile; a claim without a record says "not run in this build" and
+        leaves the other columns empty. :func:`scoreboard_html` lays it out for the page.
     """
     import pandas as pd
 
     claims = load_claims() if claims is None else claims
     rows = []
     for claim in list(CLAIMS) + sorted(c for c in claims if c not in CLAIMS):
-        record = claims.get(claim)
-        numbers = "" if record is None else "; ".join(f"{k} = {_fmt(v)}" for k, v in record["numbers"].items())
-        rows.append({"claim": claim, "the paper says": CLAIMS.get(claim, "(beyond the paper)"),
-                     "status": "not run in this build" if record is None else record["status"],
-                     "what the book measured": "" if record is None else record["summary"],
-                     "key numbers": numbers, "profile": "" if record is None else record["profile"],
-                     "chapter": "" if record is None else record["chapter"]})
+        record = claims.get(claim) or {}
+        name, page = chapter_link(record.get("chapter", ""))
+        numbers = "\n".join(f"{number_label(k)}: {_fmt(v, number_label(k))}"
+                            for k, v in record.get("numbers", {}).items())
+        rows.append({"claim": claim, "chapter": name, "chapter page": page,
+                     "the paper says": CLAIMS.get(claim, "(beyond the paper)"),
+                     "status": record.get("status", "not run in this build"),
+                     "what the book measured": record.get("summary", ""),
+                     "key numbers": numbers, "profile": record.get("profile", "")})
     return pd.DataFrame(rows)
 
 
-def _fmt(value) -> str:
+STATUS_COLOURS = {"reproduced": "#d8f0d8", "reproduced in a regime": "#fff3c4", "not reproduced": "#f8d7d7"}
+"""The status cell's background on the scoreboard page (grey for a claim not run)."""
+
+
+def scoreboard_html(table) -> str:
+    """The scoreboard page's table: four columns that fit the book's text column (about 690 px at a 1280 px
+    window): the claim and a link to its chapter; the paper's claim; the status, coloured
+    (:data:`STATUS_COLOURS`); what the book measured, with its key numbers below it, one per line. The
+    profile, the same for every row of one build, is said once in the caption. The table keeps a minimum
+    width and scrolls sideways inside its own box on a narrower screen.
+
+    Args:
+        table: :func:`scoreboard_table`'s ``DataFrame``.
+
+    Returns:
+        an HTML string (every text escaped).
+    """
+    cell = 'style="vertical-align:top; padding:0.35em 0.5em; border-top:1px solid #ccc; text-align:left"'
+    body = []
+    for row in table.to_dict("records"):
+        claim = f"<b>{escape(row['claim'])}</b>"
+        if row["chapter page"]:
+            claim += f'<br><a href="{escape(row["chapter page"])}">{escape(row["chapter"])}</a>'
+        colour = STATUS_COLOURS.get(row["status"], "#eeeeee")
+        numbers = "".join(f"<li>{escape(line)}</li>" for line in row["key numbers"].splitlines())
+        measured = escape(row["what the book measured"])
+        if numbers:
+            measured += ('<ul style="margin:0.4em 0 0 0; padding-left:1.1em; font-size:0.9em">'
+                         f"{numbers}</ul>")
+        body.append(f"<tr><td {cell}>{claim}</td><td {cell}>{escape(row['the paper says'])}</td>"
+                    f'<td {cell[:-1]}; background-color:{colour}">{escape(row["status"])}</td>'
+                    f"<td {cell}>{measured}</td></tr>")
+    profiles = sorted({p for p in table["profile"] if p})
+    if not profiles:
+        caption = "Nothing recorded in this build."
+    elif len(profiles) == 1:
+        caption = f"Every row ran in the {escape(profiles[0])} profile of this build."
+    else:
+        caption = "Profiles: " + "; ".join(
+            f"{escape(p)} ({escape(', '.join(table.loc[table['profile'] == p, 'claim']))})" for p in profiles) + "."
+    head = "".join(f'<th {cell}>{h}</th>' for h in ("claim", "the paper says", "status", "what the book measured"))
+    return ('<div style="overflow-x:auto"><table class="scoreboard" style="width:100%; min-width:40em; '
+            'table-layout:fixed; border-collapse:collapse; font-size:0.85em; line-height:1.35">'
+            f'<caption style="caption-side:bottom; text-align:left; padding-top:0.5em">{caption}</caption>'
+            '<colgroup><col style="width:4.5em"><col style="width:30%"><col style="width:7.5em"><col></colgroup>'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _fmt(value, label: str = "") -> str:
+    """A key number as text: floats to 3 significant digits (``2e-07`` -> ``2e-7``), ``None`` as "none", lists
+    joined by " / " where the label reads "a / b", else by ", ", dicts as ``key → value``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value)
     if isinstance(value, float):
-        return f"{value:.3g}"
+        return re.sub(r"e([+-])0*(\d)", lambda m: f"e{m.group(1).replace('+', '')}{m.group(2)}", f"{value:.3g}")
+    if isinstance(value, (list, tuple)):
+        return (" / " if " / " in label else ", ").join(_fmt(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} → {_fmt(v)}" for k, v in value.items())
     return str(value)
