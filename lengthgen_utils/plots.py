@@ -318,34 +318,53 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
     return fig
 
 
-def loss_curves(histories: dict, title: str, colors: dict | None = None) -> go.Figure:
-    """Training loss per step: every model of each ensemble as a thin line, the mean as a thick one.
+def loss_curves(histories: dict, title: str, colors: dict | None = None, smooth: int = 1) -> go.Figure:
+    """Training loss per step: every model of each ensemble as a thin line, the median as a thick one.
 
     On a log axis a min..max band is misleading (a loss near 0 draws the band down to 1e-9), so each
-    model gets its own faint line.
+    model gets its own faint line. A loss that jumps by orders of magnitude from step to step (a head
+    whose loss is already near 0) still fills the axis with a band of thin lines; ``smooth`` draws every
+    line as the running mean of the loss over that many steps (the loss the model had on average over
+    the window; a loss of exactly 0, float32 underflow, is averaged like any other), so the trend is
+    readable. The thin lines are drawn first and the thick medians on top of all of them.
 
     Args:
         histories: ``{name: loss [steps, n_models]}`` (the return value of ``training.train``).
         title: figure title.
         colors: optional ``{name: colour}`` (one colour per model across a chapter's figures).
+        smooth: window of the running mean in steps (1: the raw loss). A window of ``w`` plots, at
+            step ``t``, the mean over steps ``t - w + 1 .. t`` (fewer at the start).
 
     Returns:
         a plotly ``Figure`` with a log loss axis.
+
+    Raises:
+        ValueError: a history that is not ``[steps, n_models]``; ``smooth`` not a positive integer.
     """
-    fig = go.Figure()
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise ValueError(f"smooth must be a positive integer (steps); got {smooth!r}")
+    fig, medians = go.Figure(), []
     for i, (name, hist) in enumerate(histories.items()):
         hist = np.asarray(hist, dtype=float)
         if hist.ndim != 2:
             raise ValueError(f"histories[{name!r}] must be [steps, n_models]; got shape {hist.shape}")
+        if smooth > 1:
+            cum = np.cumsum(hist, axis=0)
+            lagged = np.zeros_like(cum)  # the sum of the losses before the window
+            lagged[smooth:] = cum[:-smooth]
+            count = np.minimum(np.arange(1, hist.shape[0] + 1), smooth)[:, None]
+            hist = (cum - lagged) / count
         steps = np.arange(1, hist.shape[0] + 1)
         color = (colors or {}).get(name, _color(name, i))
         for m in range(hist.shape[1]):
             fig.add_trace(go.Scatter(x=steps, y=hist[:, m], mode="lines", line=dict(color=_rgba(color, 0.35), width=1),
                                      legendgroup=_label(name), showlegend=False,
                                      hovertemplate=f"{_label(name)}, model {m}: " + "step %{x}: %{y:.3g}<extra></extra>"))
-        fig.add_trace(go.Scatter(x=steps, y=np.median(hist, 1), mode="lines", legendgroup=_label(name),
-                                 name=f"{_label(name)} (median of {hist.shape[1]}; thin: each)",
-                                 line=dict(color=color, width=2.5)))
+        medians.append(go.Scatter(x=steps, y=np.median(hist, 1), mode="lines", legendgroup=_label(name),
+                                  name=f"{_label(name)} (median of {hist.shape[1]}; thin: each)",
+                                  line=dict(color=color, width=2.5)))
+    for trace in medians:
+        fig.add_trace(trace)
     fig.update_layout(title=title)
     fig.update_xaxes(title="optimizer step")
     fig.update_yaxes(title="training cross-entropy (nats, log scale)", type="log", exponentformat="power")

@@ -1,6 +1,7 @@
 """The figure template: every figure is laid out for the page column (plots.fit_to_column)."""
 import numpy as np
 import plotly.graph_objects as go
+import pytest
 
 from lengthgen_utils import plots
 
@@ -72,3 +73,27 @@ def test_grid_slider_figure_refuses_a_hole_in_the_grid():
         plots.grid_slider_figure({("1", "8"): _panel(1, 8), ("3", "16"): _panel(3, 16)}, ("a", "b"))
     with pytest.raises(TypeError, match="pairs"):
         plots.grid_slider_figure({"1": _panel(1, 8)}, ("a", "b"))
+
+
+def test_loss_curves_smooth_is_the_running_mean_and_medians_are_on_top():
+    rng = np.random.default_rng(0)
+    hist = {"rope": np.exp(rng.normal(size=(50, 3))), "ape": np.exp(rng.normal(size=(50, 2)))}
+    fig = plots.loss_curves(hist, "loss", smooth=7)
+    want = [hist["rope"][max(0, t - 6): t + 1, 1].mean() for t in range(50)]
+    np.testing.assert_allclose(fig.data[1].y, want, rtol=1e-12)
+    # thin lines first (3 + 2), then the two medians, so no model's line hides a median
+    assert [t.showlegend for t in fig.data[:5]] == [False] * 5
+    assert [t.name.split(" (median")[0] for t in fig.data[5:]] == ["RoPE", "APE (learned)"]
+    np.testing.assert_allclose(plots.loss_curves(hist, "loss").data[0].y, hist["rope"][:, 0])
+
+
+@pytest.mark.parametrize("smooth", [0, -3, 2.5, True])
+def test_loss_curves_refuses_a_bad_window(smooth):
+    with pytest.raises(ValueError, match="smooth"):
+        plots.loss_curves({"rope": np.ones((5, 2))}, "loss", smooth=smooth)
+
+
+def test_loss_curves_smoothing_averages_an_underflowed_zero_loss():
+    hist = np.array([[1.0], [0.0], [0.0], [2.0]])
+    y = plots.loss_curves({"ape": hist}, "loss", smooth=2).data[0].y
+    np.testing.assert_allclose(y, [1.0, 0.5, 0.0, 1.0])
