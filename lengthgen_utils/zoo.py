@@ -147,6 +147,15 @@ def _with_encoding(model, pe, build):
     return copy.to(model.device).eval()
 
 
+def _test_time(model, pe, exp, build, measure, cache):
+    """The trained ``model`` rebuilt with the test-time encoding ``pe`` (same weights, see
+    :func:`_with_encoding`), and ``measure(that model)`` through the cache under :class:`TestTimeEncoding`."""
+    model = _with_encoding(model, pe, build)
+    payload = load_or_run(TestTimeEncoding(exp, pe), lambda: measure(model), cache=cache, device=model.device,
+                          threads=default_cpu_threads(model))[0]
+    return model, payload
+
+
 def run_retrieval_zoo(profile: Profile, offset: int = 3, encodings=None, device=None, cache=True) -> dict:
     """Chapter 1's retrieval recipe for every encoding of the zoo: ``{Encoding: ZooRun}``.
 
@@ -174,13 +183,11 @@ def run_retrieval_zoo(profile: Profile, offset: int = 3, encodings=None, device=
         result = run_retrieval(exp, device=device, cache=cache)
         model, accuracy = result.model, result.accuracy
         if pe != exp.pe:
-            model = _with_encoding(result.model, pe, lambda e: build_model(replace(exp, pe=e)))
-
-            def evaluate(model=model, exp=exp):
-                return {"accuracy": accuracy_by_length(model, exp.task, exp.eval_lengths, n_samples=exp.eval_samples)}
-
-            accuracy = load_or_run(TestTimeEncoding(exp, pe), evaluate, cache=cache, device=model.device,
-                                   threads=default_cpu_threads(model))[0]["accuracy"]
+            model, payload = _test_time(
+                model, pe, exp, lambda e: build_model(replace(exp, pe=e)),
+                lambda m: {"accuracy": accuracy_by_length(m, exp.task, exp.eval_lengths, n_samples=exp.eval_samples)},
+                cache)
+            accuracy = payload["accuracy"]
         initial = build_model(replace(exp, pe=pe)).to(model.device).eval()
         out[pe] = ZooRun(pe, exp, model, initial, list(result.lengths), accuracy, exp.train_len)
     return out
@@ -227,15 +234,13 @@ def run_copy_zoo(profile: Profile, encodings=None, device=None, cache=True) -> d
         result = run_transformer(exp, device=device, cache=cache)
         model, per_position = result.model, result.accuracy
         if pe != exp.pe:
-            model = _with_encoding(result.model, pe, lambda e: build_transformer(replace(exp, pe=e)))
-
-            def evaluate(model=model, exp=exp):
-                measured = [token_accuracy_by_position(model, exp.task, L, n_samples=exp.eval_samples)
+            def measure(m):
+                measured = [token_accuracy_by_position(m, exp.task, L, n_samples=exp.eval_samples)
                             for L in exp.eval_lengths]
                 return {"accuracy": [a for a, _ in measured], "counts": [c for _, c in measured]}
 
-            payload = load_or_run(TestTimeEncoding(exp, pe), evaluate, cache=cache, device=model.device,
-                                   threads=default_cpu_threads(model))[0]
+            model, payload = _test_time(model, pe, exp, lambda e: build_transformer(replace(exp, pe=e)), measure,
+                                        cache)
             per_position = dict(zip(exp.eval_lengths, payload["accuracy"]))
             counts = dict(zip(exp.eval_lengths, payload["counts"]))
         else:
