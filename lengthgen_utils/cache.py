@@ -46,7 +46,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = _PACKAGE_DIR.parent
 # Modules whose code cannot change a cached number (figures, widgets, command-line front ends).
 _NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "buildtime.py", "__main__.py", "profiles.py",
-                      "scoreboard.py"}
+                      "scoreboard.py", "checks.py", "robustness.py"}
 
 
 class CorruptEntry(Exception):
@@ -258,18 +258,59 @@ def describe(obj):
                     f"got {type(obj).__name__} {obj!r}")
 
 
+def numeric_settings(device=None) -> dict:
+    """The process-wide settings that change what a computation on ``device`` returns, by name.
+
+    Each of them changes float rounding or precision without changing any configuration, so each is
+    part of every cache key (a run under one setting is never served to a run under another):
+
+    * ``seed_base``: ``$LENGTHGEN_SEED`` (:mod:`~lengthgen_utils.seeding`): every random draw moves;
+    * ``cpu_capability``: the SIMD kernels torch dispatches to on the CPU (``AVX512``, ``AVX2``, ``DEFAULT``;
+      ``$ATEN_CPU_CAPABILITY`` lowers it): vector widths change the order of reductions;
+    * ``default_dtype``: ``torch.set_default_dtype``;
+    * ``float32_matmul_precision`` and ``fp32_precision``: ``torch.set_float32_matmul_precision`` and its newer
+      form (TF32 or bfloat16 matmuls where the device has them);
+    * ``flush_denormal``: ``torch.set_flush_denormal`` (no getter in torch: read off a denormal number);
+    * ``mkldnn``: ``torch.backends.mkldnn.enabled`` (oneDNN kernels on the CPU);
+    * ``deterministic``: ``torch.use_deterministic_algorithms``;
+    * on CUDA, ``cuda_matmul_tf32`` and ``cudnn_tf32``.
+
+    Returns:
+        a JSON-able dict.
+    """
+    from .seeding import seed_base
+    from .training import default_device
+
+    device = torch.device(device) if device is not None else default_device()
+    settings = {"seed_base": seed_base(),
+                "default_dtype": str(torch.get_default_dtype()),
+                "float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "fp32_precision": str(getattr(torch.backends, "fp32_precision", None)),
+                "flush_denormal": (torch.tensor([1e-40], dtype=torch.float32) * 1.0).item() == 0.0,
+                "deterministic": torch.are_deterministic_algorithms_enabled()}
+    if device.type == "cpu":
+        settings["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        settings["mkldnn"] = bool(torch.backends.mkldnn.enabled)
+    if device.type == "cuda":
+        settings["cuda_matmul_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        settings["cudnn_tf32"] = bool(torch.backends.cudnn.allow_tf32)
+    return settings
+
+
 def cache_description(config, device=None, threads: int | None = None) -> dict:
     """What identifies a cached result: the configuration and what computed it (hashed into the key).
 
     ``threads`` is the intra-op CPU thread count the computation runs with; it is part of the
-    description on the CPU only (on a GPU it is recorded as None).
+    description on the CPU only (on a GPU it is recorded as None). :func:`numeric_settings` adds
+    every process-wide setting that changes the numbers (the seed base, the CPU kernels, ...).
     """
     from .training import default_device
 
     device = torch.device(device) if device is not None else default_device()
     description = {"config": describe(config), "lengthgen_utils": __version__, "code": code_fingerprint(),
                    "torch": torch.__version__, "device": device.type,
-                   "cpu_threads": threads if device.type == "cpu" else None}
+                   "cpu_threads": threads if device.type == "cpu" else None,
+                   "numeric": numeric_settings(device)}
     return json.loads(json.dumps(description, allow_nan=False))
 
 
@@ -279,8 +320,9 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
 
     The key is a SHA-256 over :func:`cache_description`: the configuration (every field, nested,
     with class names), ``lengthgen_utils.__version__``, a fingerprint of the package's computing
-    modules, the torch version, the device type and, on the CPU, the intra-op thread count, so an
-    entry made by other settings or other code is never used. The thread count is in the key
+    modules, the torch version, the device type, on the CPU the intra-op thread count, and the
+    process-wide numeric settings (:func:`numeric_settings`: the seed base, the CPU kernels, the
+    default dtype, ...), so an entry made by other settings or other code is never used. The thread count is in the key
     because it changes float rounding: a matmul or a sum split over two threads adds in another
     order, which moves a transformer's loss by about 1e-7 after one step and its trained weights
     further after hundreds (:data:`~lengthgen_utils.training.CPU_THREADS`); a cached result is the

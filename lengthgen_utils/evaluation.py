@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ._validate import check_int, check_int_sequence, check_positive_float, per_model_ints
+from .seeding import generator
 from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from .training import ensemble_squared_error, model_threads
 
@@ -70,7 +71,7 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
             t.check_seq_len(seq_len)
         model.check_positions(torch.arange(seq_len))
     with _threads(model, num_threads):
-        gen = torch.Generator().manual_seed(seed)
+        gen = generator(seed)
         out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
         for col, (seq_len, scale) in enumerate(zip(lengths, scales)):
             correct = torch.zeros(model.n_models, dtype=torch.long, device=model.device)  # counts stay on the device
@@ -130,7 +131,7 @@ def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: i
     n_samples = check_int("n_samples", n_samples, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     tasks = as_task_list(task, model.n_models)
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
     with _threads(model, None):
         for col, seq_len in enumerate(lengths):
@@ -162,7 +163,7 @@ def token_accuracy_by_position(model, task, seq_len: int, n_samples: int = 256, 
     batch_size = check_int("batch_size", batch_size, minimum=1)
     seq_len = shared_task(task).check_seq_len(seq_len)
     model.check_positions(torch.arange(seq_len))
-    gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
+    gen = generator(check_int("seed", seed, minimum=0))
     correct = torch.zeros(model.n_models, seq_len, dtype=torch.float64)
     counts = torch.zeros(seq_len, dtype=torch.float64)
     with _threads(model, None):
@@ -230,7 +231,7 @@ def lag_agreement(model, task, seq_len: int, lag: int, min_position: int = 0, n_
     if positions.numel() == 0:
         raise ValueError(f"no scored position t >= max(min_position={min_position}, lag={lag}) at seq_len={seq_len}")
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
-                            torch.Generator().manual_seed(check_int("seed", seed, minimum=0)), device=model.device)
+                            generator(check_int("seed", seed, minimum=0)), device=model.device)
     with _threads(model, None):
         predicted = model(tokens, validate=False).argmax(-1)[:, :, positions]  # [M, B, P]
     return (predicted == tokens[None, :, positions - lag]).double().mean((1, 2)).cpu()

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ._validate import check_int, check_positive_float, per_model_ints
+from .seeding import generator
 from .positional import (RoPE, check_relative_positions, rope_kernel_coefficients,
                          rope_kernel_features)
 from .theory import distractor_ratio, mean_field_parameters, orbit_log_stats, pair_recurrences, r_squared
@@ -392,7 +393,7 @@ def shuffled_phases(spec: CarrierSpectrum, n_draws: int, seed: int = 0) -> Carri
         :class:`CarrierSpectrum` of ``M * n_draws`` heads, head-major (draws of head 0 first).
     """
     n_draws = check_int("n_draws", n_draws, minimum=1)
-    gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
+    gen = generator(check_int("seed", seed, minimum=0))
     r = spec.r.repeat_interleave(n_draws, 0)
     phi = (1 - 2 * torch.rand(r.shape, generator=gen, dtype=torch.float64)) * math.pi
     return CarrierSpectrum(theta=spec.theta, r=r, phi=phi)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, per_model_ints,
                         per_model_rows)
+from .seeding import generator
 from .attention import attention_scores, causal_attention, causal_mask, check_attention, row_weights
 from .positional import Encoding, RoPE, get_encoding, kernel_frequencies, rope_kernel_features
 
@@ -229,7 +230,7 @@ class RetrievalHead(EnsembleModel):
         super().__init__()
         self.config = RetrievalHeadConfig(vocab_size, d_model, d_head, pe, attention, max_len)
         self.seeds = _seeds(seeds, n_models)
-        gens = [torch.Generator().manual_seed(s) for s in self.seeds]
+        gens = [generator(s) for s in self.seeds]
         self.embed = _normal(gens, vocab_size + 1, d_model, std=1.0)
         self.u = _normal(gens, d_model, std=1.0)
         self.w_q = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
@@ -365,7 +366,7 @@ class KernelHead(Ensemble):
         self.frequencies = kernel_frequencies(self.d_head, self.rope_base, frequencies)  # validates
         init_std = check_positive_float("init_std", init_std, allow_zero=True)
         self.seeds = _seeds(seeds, n_models)
-        self.c = nn.Parameter(torch.stack([torch.randn(d_head, generator=torch.Generator().manual_seed(s)) * init_std
+        self.c = nn.Parameter(torch.stack([torch.randn(d_head, generator=generator(s)) * init_std
                                            for s in self.seeds]))
         values = torch.eye(vocab_size + 1, vocab_size)  # one-hot values; the query token's row is zero
         self.register_buffer("values", values, persistent=False)
@@ -453,7 +454,7 @@ class LinearRNN(Ensemble):
         super().__init__()
         self.config = cfg = LinearRNNConfig(vocab_size, d_state, init_scale)
         self.seeds = _seeds(seeds, n_models)
-        gens = [torch.Generator().manual_seed(s) for s in self.seeds]
+        gens = [generator(s) for s in self.seeds]
         n = cfg.d_state
         self.A = _normal(gens, n, n, std=cfg.init_scale / math.sqrt(n))
         self.B = _normal(gens, n, vocab_size + 1, std=1 / math.sqrt(n))
@@ -639,7 +640,7 @@ class Transformer(EnsembleModel):
         super().__init__()
         self.config = cfg = TransformerConfig(vocab_size, n_layers, n_heads, d_model, pe, max_len, mlp_ratio)
         self.seeds = _seeds(seeds, n_models)
-        gens = [torch.Generator().manual_seed(s) for s in self.seeds]
+        gens = [generator(s) for s in self.seeds]
         m = len(self.seeds)
 
         def const(*shape, value=1.0):

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ._validate import check_int, check_int_sequence, per_model_ints
+from .seeding import generator
 from .attention import attention_scores, row_weights
 from .kernel import CarrierFit, fit_carrier
 from .positional import RoPE, rope_angles
@@ -285,7 +286,7 @@ def position_table_gradient(model, task, seq_lens, batch_size: int = 256, seed: 
     seq_lens = check_int_sequence("seq_lens", seq_lens, minimum=2)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     tasks = as_task_list(task, model.n_models)
-    gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
+    gen = generator(check_int("seed", seed, minimum=0))
     total = torch.zeros_like(table)
     for seq_len in seq_lens:
         tokens, _ = tasks[0].sample(batch_size, seq_len, gen, device=model.device)
@@ -360,7 +361,7 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
     seq_len = shared_task(task).check_seq_len(seq_len)
     min_query = seq_len // 2 if min_query is None else check_int("min_query", min_query, 0, seq_len - 1)
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
-                            torch.Generator().manual_seed(seed), device=model.device)
+                            generator(seed), device=model.device)
     with model_threads(model):  # the thread count the model is trained and evaluated with
         scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
     queries = torch.arange(min_query, seq_len, device=model.device)
@@ -569,7 +570,7 @@ def copy_head_placement(model, task, seq_len: int, train_len: int, visited: int,
     visited = check_int("visited", visited, minimum=1)
     min_query = train_len if min_query is None else check_int("min_query", min_query, train_len, seq_len - 1)
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
-                            torch.Generator().manual_seed(check_int("seed", seed, minimum=0)), device=model.device)
+                            generator(check_int("seed", seed, minimum=0)), device=model.device)
     argmax = torch.stack([s.argmax(-1) for s in model.head_scores(tokens)], 1).cpu()  # [M, layers, B, H, L]
     argmax = argmax.permute(0, 1, 3, 2, 4)  # [M, layers, H, B, L]
     t = torch.arange(seq_len)

@@ -96,6 +96,14 @@ class Profile:
             raise TypeError(f"margin_controls must be a sequence of names; got {self.margin_controls!r}")
         object.__setattr__(self, "margin_controls", tuple(self.margin_controls))
 
+    def __str__(self) -> str:
+        """What a chapter prints in its first cell: the profile's compute, and the seed base this run uses."""
+        from .seeding import seed_base
+
+        return (f"profile {self.name!r}: {self.n_seeds} seeds, {self.steps} steps of the single head (batch "
+                f"{self.batch_size}), {self.eval_samples} test sequences per length, offsets {self.offsets}; "
+                f"seed base {seed_base()} ($LENGTHGEN_SEED)")
+
 
 PROFILES = {
     # Transformers are the book's most expensive models on a CPU. quick and default train width 64
@@ -124,9 +132,13 @@ def get_profile(name: str | None = None) -> Profile:
     """The profile named ``name``, else by ``$LENGTHGEN_PROFILE``, else ``"default"``.
 
     Raises:
-        ValueError: the name is not one of ``quick``, ``default``, ``full``.
+        ValueError: the name is not one of ``quick``, ``default``, ``full``; ``$LENGTHGEN_SEED`` is set to
+            something that is not an integer >= 0.
     """
+    from .seeding import seed_base
+
     name = name if name is not None else os.environ.get(PROFILE_ENV, "default")
     if name not in PROFILES:
         raise ValueError(f"profile must be one of {tuple(PROFILES)} (argument or ${PROFILE_ENV}); got {name!r}")
+    seed_base()  # a bad $LENGTHGEN_SEED fails here, in a chapter's first cell, naming the variable
     return PROFILES[name]

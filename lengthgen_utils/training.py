@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._validate import check_fits, check_int, check_positive_float, per_model_ints
+from .seeding import generator
 from .models import KernelHead, Transformer
 from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 
@@ -216,7 +217,7 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
     """The loop of :func:`train`, on validated arguments."""
     model.to(device)
     model.train()
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
     def batch_loss():
@@ -298,7 +299,7 @@ def _train_squared_loss_loop(model, tasks, seeds, per_model, steps, batch_size, 
                              device) -> Tensor:
     """The loop of :func:`train_squared_loss`, on validated arguments."""
     model.to(device)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    gens = [generator(s) for s in seeds]
     opt = torch.optim.SGD(model.parameters(), lr=lr)
 
     def batch_loss():
@@ -386,7 +387,7 @@ def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train
     """The loop of :func:`train_sequence`, on validated arguments."""
     model.to(device)
     model.train()
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     fused = True if device.type in ("cpu", "cuda") else None  # one kernel per parameter instead of ~10
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
 
