@@ -630,11 +630,17 @@ def gradient_descent_kernel(h: Tensor, b: Tensor, lr: float, steps: int) -> Tens
     if lr * float(lam.max()) >= 1:
         raise ValueError(f"lr={lr} is too large: lr * lambda_max = {lr * float(lam.max()):.3g} must be < 1")
     proj = u.T @ b.to(torch.float64)
-    # gain_i = [1 - (1 - 2 lr lambda_i)^t] / lambda_i, written without cancellation; its lambda -> 0 limit is 2 lr t
+    # gain_i = [1 - (1 - 2 lr lambda_i)^t] / lambda_i. For small |x| = |2 lr lambda_i| it is written without
+    # cancellation (expm1/log1p; its lambda -> 0 limit is 2 lr t); elsewhere as it stands, since log1p(-x) is
+    # NaN for x > 1, and a step size of 0.5 / lambda_max puts x within a rounding error of 1 for the largest
+    # eigenvalue, on either side of it depending on the machine's float rounding.
     x = 2 * lr * lam
     tiny = x.abs() < 1e-300
+    small = x.abs() < 0.5
     safe = torch.where(tiny, torch.ones_like(lam), lam)
-    gain = torch.where(tiny, torch.full_like(lam, 2 * lr * steps), -torch.expm1(steps * torch.log1p(-x)) / safe)
+    cancelled = -torch.expm1(steps * torch.log1p(-torch.where(small, x, torch.zeros_like(x)))) / safe
+    direct = (1 - (1 - x) ** steps) / safe
+    gain = torch.where(tiny, torch.full_like(lam, 2 * lr * steps), torch.where(small, cancelled, direct))
     return u @ (gain * proj)
 
 
