@@ -1,18 +1,23 @@
-"""Sphinx extension: start every build of the book with an empty claims scoreboard.
+"""Sphinx extension: every build of the book is a run of its own, with its own claims records.
 
 Each chapter's checks cell records what it established (``lengthgen_utils.scoreboard``); the
-scoreboard page reads those records. Emptying the folder when the build starts means the page can
-only show what the chapters executed by this build measured, never an earlier build's numbers.
+scoreboard page reads those records back. The build gives itself a fresh run id
+(``$LENGTHGEN_RUN_ID``, unless the caller set one) before any notebook is executed, so the kernels it
+starts inherit it: the chapters write into ``_build/claims/<run id>/`` and the scoreboard reads that
+folder only. A test run or another build in the same checkout at the same time has another id and
+another folder, and a record of an earlier build is never shown as this one's.
 """
+import os
 import shutil
 
-from lengthgen_utils.scoreboard import claims_dir
+from lengthgen_utils.scoreboard import RUN_ENV, new_run_id, run_dir
 
 
-def _empty_claims(app):
-    shutil.rmtree(claims_dir(), ignore_errors=True)
+def _start_run(app):
+    os.environ.setdefault(RUN_ENV, new_run_id("build"))
+    shutil.rmtree(run_dir(), ignore_errors=True)  # a run id given by the caller starts empty too
 
 
 def setup(app):
-    app.connect("builder-inited", _empty_claims)
+    app.connect("builder-inited", _start_run)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

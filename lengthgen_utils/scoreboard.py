@@ -1,13 +1,22 @@
-"""The claims scoreboard: what each chapter's checks measured in this build, for the book's scoreboard page.
+"""The claims scoreboard: what each chapter's checks measured in this run, for the book's scoreboard page.
 
 A chapter's checks cell ends with :func:`record_claim`: the claim of the abstract it tests, the
 status its checks established (``"reproduced"``, ``"reproduced in a regime"`` or ``"not reproduced"``),
-a one-line summary and its key numbers. The records are JSON files in one folder; the scoreboard
-page and the synthesis chapter read them back with :func:`load_claims`. A record says which profile
-and which build it came from, so a page never shows another build's numbers as this one's.
+a one-line summary and its key numbers. The records are JSON files in one folder per run; the
+scoreboard page and the synthesis chapter read them back with :func:`load_claims`. A record says
+which profile and which run it came from, so a page never shows another run's numbers as this one's.
 
-Where: ``$LENGTHGEN_CLAIMS`` if set, else ``<repo>/_build/claims`` (the book's build folder, ignored by
-git). The book build empties it when it starts (``_ext/claims.py``), so the page shows this build only.
+**Runs.** A run is one book build, one ``pytest`` session or one robustness condition; its id is
+``$LENGTHGEN_RUN_ID`` (set by the book build's ``_ext/claims.py``, by ``conftest.py`` and by
+``python -m lengthgen_utils robustness``; ``interactive`` when unset, e.g. in Jupyter). Each run
+writes to its own folder, ``<claims>/<run id>/``, so a build and a test run in one checkout at the
+same time never see each other's records, and :func:`load_claims` refuses, by name, a record
+that says it belongs to another run.
+
+Where: ``$LENGTHGEN_CLAIMS`` if set (``~`` expanded), else ``_build/claims`` of the book being run:
+the nearest folder holding ``_toc.yml`` at or above the working directory (a chapter runs in its
+own folder), so the records follow the book, not the checkout the package was imported from.
+Only when no book is found above the working directory do they go to this package's repository.
 """
 from __future__ import annotations
 
@@ -16,6 +25,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from html import escape
 from pathlib import Path
 
@@ -41,10 +51,50 @@ CLAIMS = {
 """The abstract's claims, split into checkable pieces (the book's reading of arXiv 2607.18759)."""
 
 
+RUN_ENV = "LENGTHGEN_RUN_ID"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def run_id() -> str:
+    """This run's id: ``$LENGTHGEN_RUN_ID``, else ``"interactive"``.
+
+    Raises:
+        ValueError: ``$LENGTHGEN_RUN_ID`` is not 1-100 letters, digits, ``.``, ``_`` or ``-`` (it names a folder).
+    """
+    value = os.environ.get(RUN_ENV, "")
+    if not value:
+        return "interactive"
+    if not _RUN_ID.fullmatch(value):
+        raise ValueError(f"${RUN_ENV} must be 1-100 letters, digits, '.', '_' or '-' starting with a letter or "
+                         f"digit (it names the run's folder); got {value!r}")
+    return value
+
+
+def new_run_id(kind: str) -> str:
+    """A fresh run id such as ``build-20261201T200000-12345`` (``kind``, UTC time, process id)."""
+    return f"{kind}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
+
+
+def book_root(start: Path | None = None) -> Path:
+    """The book being run: the nearest folder at or above ``start`` (default: the working directory) that
+    holds ``_toc.yml``; this package's repository when there is none."""
+    here = Path.cwd() if start is None else Path(start)
+    for folder in (here, *here.parents):
+        if (folder / "_toc.yml").is_file():
+            return folder
+    return REPO_ROOT
+
+
 def claims_dir() -> Path:
-    """The folder of the records: ``$LENGTHGEN_CLAIMS``, else ``<repo>/_build/claims``."""
+    """The folder of every run's records: ``$LENGTHGEN_CLAIMS`` (``~`` expanded), else
+    ``<book>/_build/claims`` for the book of :func:`book_root`."""
     value = os.environ.get(CLAIMS_ENV, "")
-    return Path(value) if value else REPO_ROOT / "_build" / "claims"
+    return Path(value).expanduser() if value else book_root() / "_build" / "claims"
+
+
+def run_dir() -> Path:
+    """This run's records: ``claims_dir() / run_id()``."""
+    return claims_dir() / run_id()
 
 
 def record_claim(claim: str, status: str, summary: str, numbers: dict | None = None, chapter: str = "") -> None:
@@ -57,7 +107,7 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
         numbers: the key numbers, ``{name: value}`` (JSON numbers or strings).
         chapter: the chapter that checked it (e.g. ``"chapters/04_carrier_kernel"``).
 
-    The record is written to :func:`claims_dir` (nothing is returned, so a checks cell that ends with this
+    The record is written to this run's folder, :func:`run_dir` (nothing is returned, so a checks cell that ends with this
     call shows nothing more).
 
     Raises:
@@ -68,10 +118,10 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}; got {status!r}")
     record = {"claim": claim, "status": status, "summary": str(summary), "numbers": dict(numbers or {}),
-              "chapter": chapter, "profile": get_profile().name,
+              "chapter": chapter, "profile": get_profile().name, "run": run_id(),
               "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     text = json.dumps(record, indent=1, allow_nan=False)
-    folder = claims_dir()
+    folder = run_dir()
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
@@ -80,12 +130,24 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
 
 
 def load_claims() -> dict:
-    """Every record in :func:`claims_dir`, by claim: ``{claim: record}`` (empty when nothing was recorded)."""
-    folder = claims_dir()
+    """Every record of this run (:func:`run_dir`), by claim: ``{claim: record}`` (empty when nothing was recorded).
+
+    A record whose ``run`` is another run's (a file copied or left in this run's folder) is refused: it is
+    left out, with a ``RuntimeWarning`` that names it and the run it belongs to.
+    """
+    folder, current = run_dir(), run_id()
     if not folder.is_dir():
         return {}
-    records = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
-    return {r["claim"]: r for r in records}
+    claims = {}
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        if record.get("run") != current:
+            warnings.warn(f"claims record {path.name} ({record.get('claim')}) belongs to run "
+                          f"{record.get('run')!r}, not to this run {current!r}: left out", RuntimeWarning,
+                          stacklevel=2)
+            continue
+        claims[record["claim"]] = record
+    return claims
 
 
 NUMBER_LABELS = {
@@ -126,7 +188,9 @@ NUMBER_LABELS = {
     "lawful_heads": "heads the law describes (R² ≥ 0.9)",
     "median_p_at_fall_over_p_star": "target mass where accuracy falls, in p* (median)",
     # chapter 9
-    "control_2x": "APE at random shifts (control), accuracy at 2x",
+    "control_2x": "APE at random shifts (control), mean accuracy at 2x",
+    "control_reads_2x": "control, seeds reading the key back at 2x",
+    "ape_reads_2x": "learned APE, seeds reading the key back at 2x",
     "ape_2x": "learned APE, accuracy at 2x",
     "control_16x": "control, accuracy at 16x",
     "control_tv_inside": "control, attention change under shifts inside (median TV)",

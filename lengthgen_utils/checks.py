@@ -1,0 +1,166 @@
+"""A chapter's checks: every asserted quantity with its value, its threshold and its margin.
+
+A checks cell states each assertion through one :class:`Checks` object instead of a bare ``assert``::
+
+    checks = Checks("chapters/01_retrieval_task")
+    checks.at_least("RoPE mean accuracy up to 4x, k = 3", rope_short, 0.95)
+    checks.at_most("APE |mean - chance| from 2x, k = 3", ape_long, 0.10)
+    checks.holds("every evaluation length beyond 1x is longer than training", longer)
+    checks.at_most("max |logit change| under a shift", dlogit, 1e-5, code=True)  # a test of the code
+    checks.finish()  # raises AssertionError listing every check that failed
+
+Each check is kept with its *margin*: how far the value is from failing, in the quantity's own units
+(``value - threshold`` for :meth:`~Checks.at_least`, ``threshold - value`` for :meth:`~Checks.at_most`;
+positive passes). :meth:`~Checks.finish` writes them all to the run's records
+(:func:`~lengthgen_utils.scoreboard.run_dir`), failed ones included, and then raises if any failed, so
+``python -m lengthgen_utils robustness`` can show every quantity's range and smallest margin over the
+conditions it runs, and a failing build names every failed check at once, not the first.
+
+``code=True`` marks a consistency check (two computations of one quantity, an identity that holds by
+construction): a test of the code, not evidence for the claim. The checks cell says so too.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import tempfile
+import time
+
+from .profiles import get_profile
+
+
+def _number(name: str, value) -> float:
+    """``value`` (a Python or numpy number, or a one-element tensor) as a float; else ``TypeError``."""
+    if hasattr(value, "numel") and hasattr(value, "item"):
+        if value.numel() != 1:
+            raise TypeError(f"check {name!r}: the value must be one number, not a tensor of shape "
+                            f"{tuple(value.shape)} (reduce it first: .min(), .max(), .mean())")
+        value = value.item()
+    elif hasattr(value, "item") and not isinstance(value, (bool, numbers.Number)):
+        value = value.item()  # numpy scalars
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"check {name!r}: the value must be a real number; got {type(value).__name__} {value!r:.60}")
+    return float(value)
+
+
+class Checks:
+    """The assertions of one chapter's checks cell (see the module docstring).
+
+    Args:
+        chapter: the chapter's path without suffix, e.g. ``"chapters/04_carrier_kernel"``.
+
+    Attributes:
+        results: one dict per check, in order: ``name``, ``op`` (``">="``, ``"<="``, ``">"``, ``"<"``, ``"holds"``),
+            ``value``, ``threshold``, ``margin``, ``passed``, ``kind`` (``"evidence"`` or ``"code"``).
+
+    Raises:
+        ValueError: two checks with one name (the robustness table matches checks across runs by name).
+    """
+
+    def __init__(self, chapter: str):
+        if not isinstance(chapter, str) or not chapter:
+            raise TypeError(f"chapter must be a non-empty str such as 'chapters/01_retrieval_task'; got {chapter!r}")
+        self.chapter = chapter
+        self.results: list[dict] = []
+
+    def _add(self, name: str, op: str, value, threshold, margin, passed: bool, code: bool, detail) -> bool:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a check's name must be a non-empty str; got {name!r}")
+        if any(r["name"] == name for r in self.results):
+            raise ValueError(f"two checks are named {name!r}: give each check its own name")
+        self.results.append({"name": name, "op": op, "value": value, "threshold": threshold, "margin": margin,
+                             "passed": bool(passed), "kind": "code" if code else "evidence",
+                             "detail": None if detail is None else str(detail)[:300]})
+        return bool(passed)
+
+    def at_least(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+        """Check ``value >= threshold`` (a NaN value fails). Returns whether it passed."""
+        v, t = _number(name, value), _number(name, threshold)
+        return self._add(name, ">=", v, t, v - t, v >= t, code, detail)
+
+    def at_most(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+        """Check ``value <= threshold`` (a NaN value fails). Returns whether it passed."""
+        v, t = _number(name, value), _number(name, threshold)
+        return self._add(name, "<=", v, t, t - v, v <= t, code, detail)
+
+    def above(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+        """Check ``value > threshold`` (strictly; a NaN value fails). Returns whether it passed."""
+        v, t = _number(name, value), _number(name, threshold)
+        return self._add(name, ">", v, t, v - t, v > t, code, detail)
+
+    def below(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+        """Check ``value < threshold`` (strictly; a NaN value fails). Returns whether it passed."""
+        v, t = _number(name, value), _number(name, threshold)
+        return self._add(name, "<", v, t, t - v, v < t, code, detail)
+
+    def holds(self, name: str, condition, *, code: bool = False, detail=None) -> bool:
+        """Check a yes/no statement (no margin: prefer :meth:`at_least` / :meth:`at_most` where a number decides).
+
+        ``condition`` is a bool or a one-element boolean tensor.
+        """
+        if hasattr(condition, "numel"):
+            if condition.numel() != 1:
+                raise TypeError(f"check {name!r}: the condition must be one bool (use .all() or .any())")
+            condition = bool(condition.item())
+        if not isinstance(condition, bool) and type(condition).__name__ != "bool_":
+            raise TypeError(f"check {name!r}: the condition must be a bool; got {type(condition).__name__}")
+        return self._add(name, "holds", None, None, None, bool(condition), code, detail)
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.results if not r["passed"]]
+
+    def summary(self) -> str:
+        """One line per check: ``PASS``/``FAIL``, the name, the value against its threshold and the margin."""
+        lines = []
+        for r in self.results:
+            tag = ("pass" if r["passed"] else "FAIL") + (" (code)" if r["kind"] == "code" else "")
+            if r["op"] == "holds":
+                lines.append(f"{tag:<11} {r['name']}")
+            else:
+                lines.append(f"{tag:<11} {r['name']}: {_fmt(r['value'])} {r['op']} {_fmt(r['threshold'])} "
+                             f"(margin {_fmt(r['margin'])})")
+            if r["detail"] and not r["passed"]:
+                lines.append(f"{'':<11}   {r['detail']}")
+        return "\n".join(lines)
+
+    def record(self) -> dict:
+        """What :meth:`finish` writes: the chapter, the profile, the run and every check."""
+        from .scoreboard import run_id
+
+        return {"chapter": self.chapter, "profile": get_profile().name, "run": run_id(),
+                "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "checks": [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+                           for r in self.results]}
+
+    def finish(self, show: bool = False) -> None:
+        """Write every check to the run's records, then raise ``AssertionError`` naming each failed one.
+
+        Args:
+            show: also print :meth:`summary` when every check passed.
+
+        Raises:
+            AssertionError: at least one check failed (the message lists them all with their values).
+        """
+        from .scoreboard import run_dir
+
+        folder = run_dir() / "checks"
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.record(), f, indent=1, allow_nan=False)
+        os.replace(tmp, folder / f"{self.chapter.replace('/', '__')}.json")
+        if self.failed:
+            raise AssertionError(f"{len(self.failed)} of {len(self.results)} checks failed:\n" + self.summary())
+        if show:
+            print(self.summary())
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "nan"
+    if isinstance(x, float) and (x == 0 or 1e-3 <= abs(x) < 1e4):
+        return f"{x:.4g}"
+    return f"{x:.3g}"
