@@ -1,10 +1,11 @@
-"""Command line: ``python -m lengthgen_utils run --profile full [--seeds N]`` and ``python -m lengthgen_utils cache``.
+"""Command line: ``python -m lengthgen_utils run --profile full [--seeds N]``, ``... cache`` and ``... robustness``.
 
 ``run`` trains a profile's sweeps (through the results cache), with a
 progress bar, and prints a summary table at the end: mean accuracy over
 seeds (and the worst seed) at each evaluation length, for every positional
 encoding, attention type and offset. ``cache info`` / ``cache clear`` show or
-empty the results cache.
+empty the results cache. ``robustness`` executes every chapter's checks under other CPU kernels,
+thread counts and seed bases (:mod:`~lengthgen_utils.robustness`; ``robustness --help`` for its options).
 """
 from __future__ import annotations
 
@@ -111,6 +112,13 @@ def main(argv=None) -> int:
     run.add_argument("--no-cache", action="store_true", help="train everything, store nothing")
     cache = sub.add_parser("cache", help="show or empty the results cache")
     cache.add_argument("action", choices=("info", "clear"))
+    sub.add_parser("robustness", add_help=False,
+                   help="every chapter's checks under other CPU kernels, thread counts and seed bases")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["robustness"]:
+        from .robustness import main as robustness_main
+
+        return robustness_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.seeds is not None and args.seeds < 1:

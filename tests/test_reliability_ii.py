@@ -563,7 +563,8 @@ ONE_VALUE = {
              "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
              "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
-             "zoo.shift_violation", "bench.tf_batches"},  # the benchmark's batches: one stream for every model
+             "zoo.shift_violation", "bench.tf_batches", "seeding.effective_seed",
+             "seeding.generator"},  # the benchmark's batches, a generator: one stream for every model
     "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap", "plots.r2_vs_reach",
                "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel

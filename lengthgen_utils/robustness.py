@@ -1,0 +1,233 @@
+"""The robustness run: every chapter's checks under conditions that change nothing a claim depends on.
+
+``python -m lengthgen_utils robustness --profile quick`` executes every notebook of ``_toc.yml`` (in
+the order the book build runs them) once per condition, each condition in fresh kernels with its
+own results cache and its own claims records, and prints
+
+1. a chapter x condition table: ``pass``, ``FAIL n`` (n checks failed) or ``error`` (the notebook
+   stopped before its checks cell finished);
+2. for every asserted quantity: its threshold, its range over the conditions and its smallest
+   margin (how far from failing; :mod:`~lengthgen_utils.checks`), and in how many conditions it failed;
+3. each chapter's smallest margin, relative to its threshold.
+
+The conditions (``--conditions`` picks some by name):
+
+* ``machine``: this machine as it is (its CPU kernels, the package's thread counts, seed base 0);
+* ``kernels=DEFAULT`` and ``kernels=AVX2`` (each capability below this machine's):
+  ``ATEN_CPU_CAPABILITY`` makes torch use other SIMD kernels, whose float rounding another CPU has;
+* ``threads=1`` and ``threads=2``: ``LENGTHGEN_THREADS`` for every path (reductions split differently);
+* ``seed=1``, ``seed=2``, ``seed=3``: ``LENGTHGEN_SEED``, another seed set for every model, training
+  stream, null and evaluation sample.
+
+None of them changes what a claim depends on; a check that fails under one is fragile, and a claim
+that is really a rate must be stated as one. A condition's results cache is kept in
+``.cache/robustness/<profile>/<condition>`` (so a rerun after editing a checks cell recomputes only what
+changed); ``--fresh`` empties it first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from .buildtime import execute, toc_notebooks
+from .cache import CACHE_ENV, REPO_ROOT
+from .profiles import PROFILE_ENV, PROFILES, get_profile
+from .scoreboard import CLAIMS_ENV, RUN_ENV
+from .seeding import SEED_ENV
+from .training import THREADS_ENV
+
+CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
+CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")  # x86 capabilities torch dispatches to, lowest first
+
+
+class Condition(NamedTuple):
+    """One perturbation: a name and the environment variables the kernels get."""
+
+    name: str
+    env: dict = {}
+
+
+def conditions(seed_bases=(1, 2, 3)) -> list[Condition]:
+    """The conditions of the run on this machine (see the module docstring).
+
+    Args:
+        seed_bases: the seed bases besides 0 (the ``machine`` condition's).
+    """
+    import torch
+
+    native = torch.backends.cpu.get_cpu_capability().upper()
+    out = [Condition("machine")]
+    if native in CAPABILITIES:
+        out += [Condition(f"kernels={cap}", {CAPABILITY_ENV: cap.lower()})
+                for cap in CAPABILITIES[:CAPABILITIES.index(native)]]
+    else:  # another architecture: its scalar kernels only
+        out.append(Condition("kernels=DEFAULT", {CAPABILITY_ENV: "default"}))
+    out += [Condition(f"threads={n}", {THREADS_ENV: str(n)}) for n in (1, 2)]
+    out += [Condition(f"seed={s}", {SEED_ENV: str(s)}) for s in seed_bases]
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def run_condition(condition: Condition, notebooks, profile: str, cache_root: Path, timeout: int,
+                  log=print) -> dict:
+    """Execute ``notebooks`` in order under ``condition``; returns ``{notebook stem: outcome}``.
+
+    An outcome is a dict: ``seconds``, ``error`` (None or the failure's last line), ``checks`` (the
+    chapter's check records, or None where its checks cell never finished).
+    """
+    work = Path(tempfile.mkdtemp(prefix="lengthgen-robustness-"))
+    run = f"robustness-{_safe(condition.name)}"
+    python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": python_path, PROFILE_ENV: profile, CACHE_ENV: str(cache_root / _safe(condition.name)),
+           CLAIMS_ENV: str(work / "claims"), RUN_ENV: run, "OMP_WAIT_POLICY": "PASSIVE",
+           CAPABILITY_ENV: None, THREADS_ENV: None, SEED_ENV: None, **condition.env}
+    saved = {k: os.environ.get(k) for k in env}
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    outcomes = {}
+    try:
+        for path in notebooks:
+            seconds, error, _ = execute(path, timeout)
+            stem = path.stem
+            record = work / "claims" / run / "checks"
+            chapter = path.relative_to(REPO_ROOT).with_suffix("").as_posix()
+            found = record / f"{chapter.replace('/', '__')}.json"
+            checks = json.loads(found.read_text())["checks"] if found.is_file() else None
+            outcomes[stem] = {"seconds": seconds, "error": error, "checks": checks}
+            failed = [c["name"] for c in checks or [] if not c["passed"]]
+            state = "pass" if not error else (f"FAIL {len(failed)}" if failed else "error")
+            log(f"  [{condition.name}] {stem:<36} {seconds:6.1f} s  {state}"
+                + (f": {'; '.join(failed)[:300]}" if failed else (f": {error}" if error else "")), flush=True)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(work, ignore_errors=True)
+    return outcomes
+
+
+def _fmt(x) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "nan"
+    if x == 0 or 1e-3 <= abs(x) < 1e4:
+        return f"{x:.4g}"
+    return f"{x:.2g}"
+
+
+def relative_margin(check: dict) -> float | None:
+    """A check's margin as a share of its threshold (of its value when the threshold is 0); None for yes/no checks."""
+    if check["margin"] is None:
+        return None
+    scale = abs(check["threshold"]) if check["threshold"] else abs(check["value"] or 0.0)
+    return check["margin"] / scale if scale else check["margin"]
+
+
+def report(results: dict, names: list[str]) -> str:
+    """The three tables of the module docstring, as Markdown. ``results`` is ``{condition: {stem: outcome}}``."""
+    stems = list(dict.fromkeys(s for outcome in results.values() for s in outcome))
+    lines = ["| chapter | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for stem in stems:
+        cells = []
+        for name in names:
+            o = results[name].get(stem)
+            if o is None:
+                cells.append("–")
+            elif not o["error"]:
+                cells.append("pass")
+            else:
+                failed = sum(not c["passed"] for c in o["checks"] or [])
+                cells.append(f"**FAIL {failed}**" if failed else "**error**")
+        lines.append(f"| {stem} | " + " | ".join(cells) + " |")
+    lines += ["", "| chapter | check | kind | threshold | range over conditions | smallest margin | failed in |",
+              "|---|---|---|---|---|---|---|"]
+    smallest = {}
+    for stem in stems:
+        by_name = {}
+        for name in names:
+            for c in (results[name].get(stem) or {}).get("checks") or []:
+                by_name.setdefault(c["name"], []).append((name, c))
+        for check_name, seen in by_name.items():
+            first = seen[0][1]
+            failed = [n for n, c in seen if not c["passed"]]
+            if first["op"] == "holds":
+                threshold, span, margin = "holds", f"{len(seen) - len(failed)}/{len(seen)} hold", "–"
+            else:
+                values = [c["value"] for _, c in seen if c["value"] is not None]
+                margins = [c["margin"] for _, c in seen if c["margin"] is not None]
+                threshold = f"{first['op']} {_fmt(first['threshold'])}"
+                span = f"{_fmt(min(values))} .. {_fmt(max(values))}" if values else "nan"
+                margin = _fmt(min(margins)) if margins else "nan"
+                rel = [relative_margin(c) for _, c in seen]
+                rel = [r for r in rel if r is not None]
+                if rel and (stem not in smallest or min(rel) < smallest[stem][0]):
+                    smallest[stem] = (min(rel), check_name)
+            lines.append(f"| {stem} | {check_name} | {first['kind']} | {threshold} | {span} | {margin} | "
+                         f"{', '.join(failed) if failed else '–'} |")
+    lines += ["", "| chapter | smallest relative margin | check |", "|---|---|---|"]
+    for stem in stems:
+        if stem in smallest:
+            rel, name = smallest[stem]
+            lines.append(f"| {stem} | {rel:+.0%} | {name} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils robustness", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", choices=tuple(PROFILES), default=None,
+                        help="quick | default | full (default: $LENGTHGEN_PROFILE, else default)")
+    parser.add_argument("--conditions", nargs="+", default=None,
+                        help="condition names to run (default: all; see the module docstring)")
+    parser.add_argument("--chapters", nargs="+", default=None,
+                        help="notebooks to run (name fragments, e.g. 07); default: every one in _toc.yml "
+                             "(the scoreboard and chapter 10 need every claim, so they fail when chapters are left out)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell before it fails")
+    parser.add_argument("--fresh", action="store_true", help="empty each condition's results cache first")
+    parser.add_argument("--output", default=None, help="also write the Markdown report to this file")
+    args = parser.parse_args(argv)
+    profile = get_profile(args.profile).name
+    every = conditions()
+    if args.conditions:
+        unknown = sorted(set(args.conditions) - {c.name for c in every})
+        if unknown:
+            parser.error(f"unknown condition(s) {unknown}; this machine has {[c.name for c in every]}")
+        every = [c for c in every if c.name in args.conditions]
+    notebooks = toc_notebooks()
+    if args.chapters:
+        notebooks = [p for p in notebooks if any(c in p.stem for c in args.chapters)]
+        if not notebooks:
+            parser.error(f"--chapters {args.chapters} matches no notebook of _toc.yml")
+    cache_root = REPO_ROOT / ".cache" / "robustness" / profile
+    print(f"robustness run, profile {profile!r}: {len(notebooks)} notebooks x {len(every)} conditions "
+          f"({', '.join(c.name for c in every)}); {os.cpu_count()} CPU cores; caches under {cache_root}", flush=True)
+    results, start = {}, time.perf_counter()
+    for condition in every:
+        if args.fresh:
+            shutil.rmtree(cache_root / _safe(condition.name), ignore_errors=True)
+        results[condition.name] = run_condition(condition, notebooks, profile, cache_root, args.timeout)
+    text = report(results, [c.name for c in every])
+    print("\n" + text)
+    print(f"\n{len(every)} conditions in {time.perf_counter() - start:.0f} s")
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    ok = all(not o["error"] for outcome in results.values() for o in outcome.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
