@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .cache import CACHE_ENV, REPO_ROOT
 from .profiles import PROFILE_ENV, PROFILES, get_profile
-from .scoreboard import CLAIMS_ENV
+from .scoreboard import CLAIMS_ENV, RUN_ENV, new_run_id
 from .training import THREADS_ENV
 
 
@@ -97,9 +97,11 @@ def execute(path: Path, timeout: int) -> tuple[float, str | None, float]:
 
 
 def kernel_environment(cache: Path, claims: Path, profile: str) -> dict:
-    """The variables the kernels get: this checkout first on ``PYTHONPATH``, the profile, the cache, the claims."""
+    """The variables the kernels get: this checkout first on ``PYTHONPATH``, the profile, the cache, the claims,
+    and ``OMP_WAIT_POLICY`` as the book build sets it (``PASSIVE`` unless the caller set another value)."""
     python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": python_path, PROFILE_ENV: profile, CACHE_ENV: str(cache), CLAIMS_ENV: str(claims)}
+    return {"PYTHONPATH": python_path, PROFILE_ENV: profile, CACHE_ENV: str(cache), CLAIMS_ENV: str(claims),
+            RUN_ENV: new_run_id("buildtime"), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY") or "PASSIVE"}
 
 
 def main(argv=None) -> int:
@@ -118,11 +120,13 @@ def main(argv=None) -> int:
         if not notebooks:
             parser.error(f"--chapters {args.chapters} matches no notebook of _toc.yml")
     work = Path(tempfile.mkdtemp(prefix="lengthgen-buildtime-"))
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PROFILE_ENV, CACHE_ENV, CLAIMS_ENV)}
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PROFILE_ENV, CACHE_ENV, CLAIMS_ENV, RUN_ENV,
+                                            "OMP_WAIT_POLICY")}
     os.environ.update(kernel_environment(work / "cache", work / "claims", profile))
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks of _toc.yml in the order the build runs them; "
-          f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={os.environ.get(THREADS_ENV) or 'unset'}; "
+          f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={os.environ.get(THREADS_ENV) or 'unset'}, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
           f"load average {load0}", flush=True)
     passes = ("cold", "warm")[: 1 if args.cold_only else 2]
     times = {name: {} for name in passes}
