@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, per_model_ints,
-                        per_model_rows)
+from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
+                        per_model_ints, per_model_rows)
 from .attention import attention_scores, causal_attention, causal_mask, check_attention, row_weights
 from .positional import Encoding, RoPE, get_encoding, kernel_frequencies, rope_kernel_features
 
@@ -175,6 +175,7 @@ class RetrievalHeadConfig:
     max_len: int = 256
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_model", self.d_model, minimum=1)
         check_int("d_head", self.d_head, minimum=1)
@@ -413,6 +414,7 @@ class LinearRNNConfig:
     init_scale: float = 0.1
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_state", self.d_state, minimum=1)
         check_positive_float("init_scale", self.init_scale, allow_zero=True)
@@ -589,6 +591,7 @@ class TransformerConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("n_layers", self.n_layers, minimum=1)
         check_int("n_heads", self.n_heads, minimum=1)

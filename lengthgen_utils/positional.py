@@ -46,7 +46,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_positive_float, check_rope_base
+from ._validate import check_int, check_positive_float, check_rope_base, normalize_numbers
 
 
 # ---------------------------------------------------------------- RoPE numerics
@@ -525,6 +525,7 @@ class LearnedAPE(Encoding):
     color: ClassVar[str] = "#d62728"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -572,6 +573,7 @@ class RoPE(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
         if not isinstance(self.interleaved, bool):
             raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
@@ -788,6 +790,7 @@ class NoPEBOS(Encoding):
     color: ClassVar[str] = "#bcbd22"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -863,6 +866,7 @@ class SinusoidalAPE(Encoding):
     color: ClassVar[str] = "#ff7f0e"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
 
     @property
@@ -943,6 +947,7 @@ class T5Bias(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("num_buckets", self.num_buckets, minimum=2)
         check_int("max_distance", self.max_distance, minimum=self.num_buckets // 2 + 1)
         check_positive_float("init_std", self.init_std, allow_zero=True)
@@ -1009,6 +1014,7 @@ class RandomizedPositions(Encoding):
     name: ClassVar[str] = "randomized"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", get_encoding(self.base, "base"))
         if isinstance(self.base, RandomizedPositions):
             raise TypeError("base must not itself be RandomizedPositions (draw positions once)")

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._validate import check_generator, check_int, per_model
+from ._validate import check_generator, check_int, normalize_numbers, per_model
 
 IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
 
@@ -48,6 +48,7 @@ class Task:
     n_special_tokens: ClassVar[int] = 0
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
 
     @property
