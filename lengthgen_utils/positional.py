@@ -46,7 +46,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_positive_float, check_rope_base, normalize_numbers
+from ._validate import check_device, check_int, check_positive_float, check_rope_base, normalize_numbers
 
 
 # ---------------------------------------------------------------- RoPE numerics
@@ -196,8 +196,10 @@ def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shif
     The same numbers :func:`apply_rope` computes for ``positions = arange(seq_len) + position_shift``
     (angles in float64, then cos/sin cast to ``dtype``), computed once per
     ``(seq_len, d_head, base, position_shift, dtype, device)`` instead of once
-    per training step. The returned tensors are shared between callers: never
-    modify them in place.
+    per training step. The tables are computed once and kept; each call returns
+    its own copy of them, so a caller that edits the result in place changes
+    nothing else (the models' rotations read the memo itself, which nothing
+    outside the package ever holds).
 
     Args:
         seq_len: L >= 1.
@@ -205,13 +207,14 @@ def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shif
         base: RoPE base.
         position_shift: the first position (any integer).
         dtype: floating dtype of the returned tables.
-        device: where the tables live.
+        device: where the tables live (checked by :func:`~lengthgen_utils._validate.check_device`).
 
     Returns:
-        ``cos, sin``, each ``[seq_len, d_head // 2]`` of ``dtype`` on ``device``.
+        ``cos, sin``, each ``[seq_len, d_head // 2]`` of ``dtype`` on ``device`` (the caller's own copy).
 
     Raises:
-        ValueError / TypeError: ``seq_len < 1``, odd ``d_head``, ``base <= 1``, a non-floating ``dtype``.
+        ValueError / TypeError: ``seq_len < 1``, odd ``d_head``, ``base <= 1``, a non-floating ``dtype``,
+            a device this machine cannot compute on.
     """
     seq_len = check_int("seq_len", seq_len, minimum=1)
     position_shift = check_int("position_shift", position_shift)
@@ -219,12 +222,14 @@ def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shif
     base = check_rope_base("base", base)  # validated before the cache sees it (an unhashable value would fail there)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-    return _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, torch.device(device))
+    cos, sin = _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, check_device(device))
+    return cos.clone(), sin.clone()
 
 
 @lru_cache(maxsize=256)
 def _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, device) -> tuple[Tensor, Tensor]:
-    """The memoised body of :func:`rope_cos_sin` (validated arguments)."""
+    """The memoised body of :func:`rope_cos_sin` (validated arguments); the tensors are the memo itself:
+    only the package's rotations read them, and never in place."""
     with torch.inference_mode(False):  # cached tables must stay usable by autograd whoever built them first
         positions = torch.arange(seq_len, device=device) + position_shift
         angles = rope_angles(positions, d_head, base)
@@ -298,7 +303,7 @@ def kernel_frequencies(d_head: int, base: float = 10000.0, frequencies=None) -> 
     theta = rope_inverse_frequencies(d_head, base)
     if frequencies is None:
         return theta
-    freq = torch.as_tensor(frequencies, dtype=torch.float64).flatten()
+    freq = torch.as_tensor(frequencies, dtype=torch.float64).flatten().clone()  # never the caller's own tensor
     if freq.shape != theta.shape or not torch.isfinite(freq).all():
         raise ValueError(f"frequencies must be d_head // 2 = {theta.numel()} finite numbers; got {frequencies!r}")
     return freq
@@ -611,7 +616,7 @@ class RoPE(Encoding):
             table = (positions.shape[-1], d_head, self.base, int(positions[0]))
             if self.interleaved and x.dtype in COMPLEX_DTYPES:  # one complex multiply (see rotate_adjacent_pairs)
                 return rotate_adjacent_pairs(x, _rope_phases(*table, x.dtype, x.device))
-            cos, sin = rope_cos_sin(*table, x.dtype, x.device)
+            cos, sin = _rope_cos_sin(*table, x.dtype, x.device)  # the memo itself: read, never modified
         else:
             angles = angles_in_dtype(positions, theta, ANGLE_DTYPES[self.angle_dtype]).to(x.device)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
