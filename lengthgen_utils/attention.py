@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_int
+from ._validate import check_device, check_int
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -148,8 +148,15 @@ def row_weights(scores: Tensor, attention: str = "softmax") -> Tensor:
 
 # ---------------------------------------------------------------- masks and softmax attention
 def causal_mask(seq_len: int, device=None) -> Tensor:
-    """Boolean causal mask ``[L, L]``: entry ``(i, j)`` is True iff ``j <= i`` (query i sees keys 0..i)."""
+    """Boolean causal mask ``[L, L]``: entry ``(i, j)`` is True iff ``j <= i`` (query i sees keys 0..i).
+
+    ``device``: where it lives (default the CPU), checked by :func:`~lengthgen_utils._validate.check_device`.
+
+    Raises:
+        TypeError / ValueError: ``seq_len`` not an int >= 1; a device this machine cannot compute on.
+    """
     seq_len = check_int("seq_len", seq_len, minimum=1)
+    device = check_device("cpu" if device is None else device)
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from . import __version__
-from ._validate import env_path, expand_path
+from ._validate import check_device, env_path, expand_path
 
 CACHE_ENV = "LENGTHGEN_CACHE"
 MAGIC = b"LENGTHGEN-CACHE 1\n"
@@ -402,10 +402,12 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
     Raises:
         TypeError: ``config`` is not a dataclass instance, or the payload holds an object
             the cache cannot store safely.
-        ValueError: a cache path whose ``~`` names no home folder.
+        ValueError: a device this machine cannot compute on
+            (:func:`~lengthgen_utils._validate.check_device`), or a cache path whose ``~`` names no home folder.
     """
     if not is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"config must be a dataclass instance; got {type(config).__name__}")
+    device = check_device(device)  # a typo or "meta" is refused by name before any work
     folder = None if cache is False else cache_dir(None if cache is True or cache is None else os.fspath(cache))
     if folder is None:
         payload = compute()
