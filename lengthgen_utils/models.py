@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
                         per_model_ints, per_model_rows)
-from .attention import attention_scores, causal_attention, causal_mask, check_attention, row_weights
+from .attention import _causal_attention, _check_bias, attention_scores, causal_mask, check_attention, row_weights
 from .positional import Encoding, RoPE, get_encoding, kernel_frequencies, rope_kernel_features
 
 
@@ -294,6 +294,9 @@ class RetrievalHead(EnsembleModel):
         """
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
         attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
+        if validate and not bool(torch.isfinite(attn).all()):  # e.g. a learned score bias that has gone NaN
+            raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not finite "
+                             "(a NaN or inf score bias or weight): refusing to read it out")
         logits = readout(attn, tokens, self.value_table())
         return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -732,6 +735,11 @@ class Transformer(EnsembleModel):
         bias = self.encoding.score_bias(self.pe_params, positions, positions, n_heads)
         if bias is not None:  # [M|1, H, L, L] -> broadcastable to [M*B, H, L, L]
             bias = bias.to(device=self.device, dtype=x.dtype)
+            if validate:  # once per validated pass (not in training): a learned bias that went NaN is refused
+                try:
+                    _check_bias(bias, (bias.shape[0], n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
+                except ValueError as err:
+                    raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
             if bias.shape[0] > 1:
                 bias = bias[:, None].expand(m, b, *bias.shape[1:]).reshape(m * b, *bias.shape[1:])
         collected = []
@@ -740,9 +748,9 @@ class Transformer(EnsembleModel):
             q, k, v = self._attention_inputs(block, x, positions, b, token_rows)
             token_rows = None
             if collect is None:
-                out = causal_attention(q, k, v, bias=bias)
+                out = _causal_attention(q, k, v, bias=bias)
             else:
-                out, weights = causal_attention(q, k, v, return_weights=True, bias=bias)
+                out, weights = _causal_attention(q, k, v, return_weights=True, bias=bias)
                 if collect == "scores":
                     scores = attention_scores(q, k) + (bias if bias is not None else 0)
                     weights = scores.masked_fill(~causal_mask(seq_len, self.device), float("-inf"))

@@ -29,6 +29,9 @@ def _check_kernel(kernel) -> Tensor:
                         f"got {getattr(kernel, 'dtype', type(kernel).__name__)}")
     if kernel.dim() != 2:
         raise ValueError(f"kernel must have shape [M, n] (row layout); got {tuple(kernel.shape)}")
+    if not bool(torch.isfinite(kernel).all()):  # a NaN or inf logit makes every closed form NaN, silently
+        raise ValueError(f"kernel must hold finite logits; got {int((~torch.isfinite(kernel)).sum())} NaN or inf "
+                         "entries")
     return kernel.double()
 
 
@@ -48,7 +51,8 @@ def exact_target_mass(kernel: Tensor, offset, lengths, logit_scale=None) -> Tens
         float64 ``[M, len(lengths)]`` in (0, 1].
 
     Raises:
-        ValueError / TypeError: bad shapes, a length longer than the kernel or too short for the offset.
+        ValueError / TypeError: bad shapes, a NaN or inf logit, a length longer than the kernel or too short
+            for the offset.
     """
     kernel = _check_kernel(kernel)
     m, n = kernel.shape
