@@ -54,9 +54,9 @@ def _check_tokens(tokens, n_tokens: int, n_models: int, validate: bool, batched_
     dims = (2, 3) if batched_models else (2,)
     if tokens.dim() == 3 and batched_models:
         per_model_rows("tokens", tokens, n_models)
-    if tokens.dim() not in dims or tokens.shape[-1] < 1:
+    if tokens.dim() not in dims or tokens.shape[-1] < 1 or tokens.shape[-2] < 1:
         shape = "[B, L] or [M, B, L]" if batched_models else "[B, L]"
-        raise ValueError(f"tokens must have shape {shape} (M = {n_models}, L >= 1); got {tuple(tokens.shape)}")
+        raise ValueError(f"tokens must have shape {shape} (M = {n_models}, B >= 1, L >= 1); got {tuple(tokens.shape)}")
     if validate and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
         raise ValueError(f"tokens must lie in [0, {n_tokens - 1}]; got values in [{int(tokens.min())}, {int(tokens.max())}]")
 
@@ -96,6 +96,8 @@ def readout(weights: Tensor, tokens: Tensor, table: Tensor) -> Tensor:
     per_model_rows("weights", weights, m)
     if tokens.dim() == 3:
         per_model_rows("tokens", tokens, m)
+    if tokens.dim() not in (2, 3) or tokens.shape[-2] < 1 or tokens.shape[-1] < 1:
+        raise ValueError(f"tokens must have shape [B, L] or [M, B, L] with B >= 1, L >= 1; got {tuple(tokens.shape)}")
     b, seq_len = tokens.shape[-2:]
     weights = weights[:, None, :] if weights.dim() == 2 else weights
     mass = torch.zeros(m, b, n_tokens, device=table.device, dtype=weights.dtype)

@@ -375,8 +375,8 @@ def rope_kernel_coefficients(q: Tensor, k: Tensor, interleaved: bool = False) ->
     for name, x in (("q", q), ("k", k)):
         if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor [..., d_head]; got {type(x).__name__}")
-    if q.shape != k.shape or q.shape[-1] % 2:
-        raise ValueError(f"q and k must have the same shape [..., d_head] with d_head even; "
+    if q.shape != k.shape or q.dim() < 1 or q.shape[-1] % 2 or q.shape[-1] < 2:
+        raise ValueError(f"q and k must have the same shape [..., d_head] with d_head even and >= 2; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if q.dtype in (torch.float16, torch.bfloat16):
         q, k = q.float(), k.float()

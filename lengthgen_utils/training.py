@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_device, check_fits, check_int, check_positive_float, per_model_ints
+from ._validate import check_device, check_fits, check_int, check_nonempty, check_positive_float, per_model_ints
 from .models import KernelHead, Transformer
 from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 
@@ -137,7 +137,14 @@ def cpu_threads(n: int | None):
 
 
 def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Per-model mean cross-entropy: ``logits [M, B, V]``, ``targets [M, B]`` -> ``[M]``."""
+    """Per-model mean cross-entropy: ``logits [M, B, V]``, ``targets [M, B]`` -> ``[M]``.
+
+    Raises:
+        ValueError: ``logits`` is not ``[M, B, V]`` with every size >= 1 (a mean over no sequence is NaN).
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits must have shape [M, B, V]; got {tuple(logits.shape)}")
+    check_nonempty("logits", logits, "[M, B, V]")
     m, b, v = logits.shape
     return F.cross_entropy(logits.reshape(m * b, v), targets.reshape(m * b), reduction="none").view(m, b).mean(1)
 
@@ -265,7 +272,14 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
 
 
 def ensemble_squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
-    """Per-model mean squared loss ``||o - e(y)||^2``: ``outputs [M, B, V]``, ``targets [M, B]`` -> ``[M]``."""
+    """Per-model mean squared loss ``||o - e(y)||^2``: ``outputs [M, B, V]``, ``targets [M, B]`` -> ``[M]``.
+
+    Raises:
+        ValueError: ``outputs`` is not ``[M, B, V]`` with every size >= 1 (a mean over no sequence is NaN).
+    """
+    if outputs.dim() != 3:
+        raise ValueError(f"outputs must have shape [M, B, V]; got {tuple(outputs.shape)}")
+    check_nonempty("outputs", outputs, "[M, B, V]")
     one_hot = F.one_hot(targets, outputs.shape[-1]).to(outputs.dtype)
     return ((outputs - one_hot) ** 2).sum(-1).mean(1)
 
