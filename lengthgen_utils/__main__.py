@@ -12,7 +12,6 @@ import argparse
 import sys
 import time
 
-
 from . import cache as _cache
 from ._validate import check_device
 from .profiles import PROFILES, get_profile

@@ -50,13 +50,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._validate import check_device
 from .configs import RetrievalSweep
 from .profiles import get_profile
 from .runners import run_sweep
 from .models import RetrievalHead, Transformer
 from .positional import rope_inverse_frequencies
 from .tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
-from ._validate import check_device
 from .training import cpu_threads, train, train_sequence
 
 TASK = FixedOffsetRetrieval(16, 3)

@@ -28,7 +28,7 @@ import torch
 from jupyter_client.session import json_packer
 
 from lengthgen_utils import (__main__ as cli, _validate, attention, cache, configs, evaluation, kernel, models, plots,
-                             positional, probes, profiles, runners, tasks, theory, training, widgets)
+                             positional, probes, profiles, runners, theory, training, widgets)
 from lengthgen_utils.models import KernelHead, LinearRNN, RetrievalHead, Transformer
 from lengthgen_utils.tasks import DelayedCopy, FixedOffsetRetrieval
 
