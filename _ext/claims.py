@@ -8,14 +8,13 @@ folder only. A test run or another build in the same checkout at the same time h
 another folder, and a record of an earlier build is never shown as this one's.
 """
 import os
-import shutil
 
-from lengthgen_utils.scoreboard import RUN_ENV, new_run_id, run_dir
+from lengthgen_utils.scoreboard import RUN_ENV, clear_run, new_run_id
 
 
 def _start_run(app):
     os.environ.setdefault(RUN_ENV, new_run_id("build"))
-    shutil.rmtree(run_dir(), ignore_errors=True)  # a run id given by the caller starts empty too
+    clear_run()  # a run id given by the caller starts empty too; only its own record files are removed
 
 
 def setup(app):

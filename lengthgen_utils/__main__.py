@@ -13,12 +13,13 @@ import argparse
 import sys
 import time
 
-import torch
-
 from . import cache as _cache
+from ._validate import check_device
 from .profiles import PROFILES, get_profile
 from .runners import SUITE_ENCODINGS, SUITES, SweepResult
-from .training import CPU_THREADS, default_cpu_threads, default_device
+from .training import CPU_THREADS, default_cpu_threads
+
+PROG = "python -m lengthgen_utils"
 
 
 def format_sweep_table(result: SweepResult) -> str:
@@ -46,16 +47,29 @@ def format_transformer_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _run(args) -> int:
+def _settings(args):
+    """Every input of ``run`` checked up front (arguments and environment), before any work:
+    ``(profile, device, thread note, cache folder)``.
+
+    Raises:
+        ValueError / TypeError: a device this machine cannot compute on, an unknown ``$LENGTHGEN_PROFILE``,
+            a bad ``$LENGTHGEN_THREADS`` or ``$LENGTHGEN_CACHE`` (each message names it).
+    """
     profile = get_profile(args.profile)
-    device = torch.device(args.device) if args.device else default_device()
+    device = check_device(args.device, "--device")
+    threads = ", ".join(f"{path} {default_cpu_threads(path)}" for path in CPU_THREADS) if device.type == "cpu" else None
+    folder = None if args.no_cache else _cache.cache_dir()
+    return profile, device, threads, folder
+
+
+def _run(args, settings) -> int:
+    profile, device, threads, folder = settings
     names = list(SUITES) if args.suite == "all" else [args.suite]
     cache = False if args.no_cache else True
-    threads = ", ".join(f"{path} {default_cpu_threads(path)}" for path in CPU_THREADS) if device.type == "cpu" else None
     print(f"profile {profile.name}: {args.seeds or profile.n_seeds} seeds, {profile.steps} steps, offsets "
           f"{profile.offsets}, attention {profile.attentions}, lengths up to {max(profile.length_multiples)}x; "
           f"device {device}" + (f" (intra-op threads: {threads})" if threads else "")
-          + f"; cache {'off' if args.no_cache else _cache.cache_dir()}", flush=True)
+          + f"; cache {'off' if args.no_cache else folder or 'off ($LENGTHGEN_CACHE)'}", flush=True)
     status = 0
     for name in names:
         suite = SUITES[name]
@@ -85,30 +99,39 @@ def _run(args) -> int:
     return status
 
 
-def _cache_command(args) -> int:
-    folder = _cache.cache_dir()
+def _cache_command(args, folder) -> int:
+    """``cache info`` / ``cache clear``: counts and removes the cache's own files only (see :func:`cache.clear`)."""
     if folder is None:
         print("the results cache is disabled ($LENGTHGEN_CACHE=off)")
         return 0
-    if args.action == "clear":
-        print(f"removed {_cache.clear(folder)} file(s) from {folder}")
+    if folder.exists() and not folder.is_dir():
+        print(f"{folder} is not a folder: the results cache is not used (runs recompute and warn)")
         return 0
-    entries = sorted(folder.glob("*.pt")) if folder.is_dir() else []
-    temps = sorted(folder.glob(".*.tmp")) if folder.is_dir() else []
+    if args.action == "clear":
+        print(f"removed {_cache.clear(folder)} file(s) from {folder} (other files left alone)")
+        return 0
+    entries, temps = _cache.entries(folder), _cache.temporary_files(folder)
     size = sum(p.stat().st_size for p in entries)
     print(f"{folder}: {len(entries)} entries, {size / 2**20:.1f} MiB; {len(temps)} leftover temporary file(s)")
     return 0
 
 
+def _error(message: str) -> int:
+    """A bad input of the command line: one line on stderr (no traceback), exit status 2 (as argparse's own)."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a profile's sweeps and print a summary table")
     run.add_argument("--profile", choices=tuple(PROFILES), default=None,
                      help="quick | default | full (default: $LENGTHGEN_PROFILE, else default)")
     run.add_argument("--seeds", type=int, default=None, help="seeds per setting (default: the profile's)")
     run.add_argument("--suite", choices=("all", *SUITES), default="all", help="which sweeps to run")
-    run.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
+    run.add_argument("--device", default=None,
+                     help="cpu, cuda or cuda:N (default: CUDA when available); checked before any work")
     run.add_argument("--no-cache", action="store_true", help="train everything, store nothing")
     cache = sub.add_parser("cache", help="show or empty the results cache")
     cache.add_argument("action", choices=("info", "clear"))
@@ -120,11 +143,18 @@ def main(argv=None) -> int:
 
         return robustness_main(argv[1:])
     args = parser.parse_args(argv)
+    try:  # every input is checked here, before any work: a bad one is one line, not a traceback
+        if args.command == "run":
+            if args.seeds is not None and args.seeds < 1:
+                raise ValueError(f"--seeds must be >= 1; got {args.seeds}")
+            settings = _settings(args)
+        else:
+            folder = _cache.cache_dir()
+    except (ValueError, TypeError) as err:
+        return _error(str(err))
     if args.command == "run":
-        if args.seeds is not None and args.seeds < 1:
-            parser.error(f"--seeds must be >= 1; got {args.seeds}")
-        return _run(args)
-    return _cache_command(args)
+        return _run(args, settings)
+    return _cache_command(args, folder)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+from dataclasses import fields
+from pathlib import Path
 
 
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -97,6 +100,18 @@ def check_fits(name: str, value, check) -> int:
         return check(value)
     except ValueError as err:
         raise ValueError(f"{name}={value} does not fit the task: {err}") from err
+
+
+def check_nonempty(name: str, tensor, layout: str):
+    """Return ``tensor`` if none of its dimensions is empty; else raise ``ValueError`` naming ``name`` and ``layout``.
+
+    For the measures of a set of models: a tensor of no models, no lengths or no positions has no
+    answer, and an empty result (or the NaN of a mean over nothing) would pass for one.
+    """
+    shape = tuple(getattr(tensor, "shape", ()))
+    if any(size == 0 for size in shape):
+        raise ValueError(f"{name} must have shape {layout} with every size >= 1; got {shape}")
+    return tensor
 
 
 def check_generator(generator) -> None:
@@ -252,3 +267,132 @@ def normalize_sequence(config, name: str, minimum: int | None = None) -> tuple[i
     values = check_int_sequence(name, getattr(config, name), minimum=minimum)
     object.__setattr__(config, name, values)
     return values
+
+
+# ---------------------------------------------------------------- numbers from other libraries (numpy scalars)
+def plain_number(value):
+    """``value`` with a numpy scalar (``np.bool_``, ``np.int64``, ``np.float32``, ...) turned into the Python
+    ``bool``, ``int`` or ``float`` of the same value, inside tuples and lists too; anything else unchanged.
+
+    Configurations call :func:`normalize_numbers` at construction, so that a value from numpy is stored,
+    hashed and written into a cache key as the Python number it stands for.
+    """
+    if type(value) in (tuple, list):
+        return type(value)(plain_number(v) for v in value)
+    import numpy as np
+
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        return value.item()  # the Python bool, int or float of the same value
+    return value
+
+
+def normalize_numbers(config) -> None:
+    """Store every field of the (frozen) dataclass ``config`` through :func:`plain_number`.
+
+    The first step of every configuration's ``__post_init__``: after it, the checks see Python numbers
+    and the configuration stores them (a numpy ``int64`` would pass ``check_int`` and then fail the
+    JSON of the cache key).
+    """
+    for f in fields(config):
+        value = getattr(config, f.name)
+        plain = plain_number(value)
+        if plain is not value:
+            object.__setattr__(config, f.name, plain)
+
+
+# ---------------------------------------------------------------- paths from environment variables
+def expand_path(name: str, value) -> Path:
+    """``value`` (a path given as ``name``: an argument or ``$VARIABLE``) as a ``Path`` with ``~`` expanded.
+
+    Raises:
+        TypeError: ``value`` is not a string or path.
+        ValueError: it starts with ``~`` that names no home folder (an unknown ``~user``, or no ``$HOME``).
+    """
+    try:
+        text = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a path (str or os.PathLike); got {type(value).__name__} "
+                        f"{value!r:.60}") from None
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        raise ValueError(f"{name}={text!r} starts with '~', which names no home folder here (unknown user, or "
+                         "$HOME unset); give an absolute path or one relative to the working directory")
+    return Path(expanded)
+
+
+def env_path(variable: str, default=None) -> Path | None:
+    """The path in environment variable ``variable`` with ``~`` expanded, or ``default`` when it is unset or empty.
+
+    Every path the package reads from the environment goes through here (``$LENGTHGEN_CACHE``,
+    ``$LENGTHGEN_CLAIMS``), so ``LENGTHGEN_CACHE=~/lg-cache`` means the folder in the home folder, never a
+    folder literally named ``~`` in the working directory.
+
+    Raises:
+        ValueError: the value starts with a ``~`` that names no home folder (see :func:`expand_path`).
+    """
+    value = os.environ.get(variable, "")
+    if not value:
+        return default
+    return expand_path(f"${variable}", value)
+
+
+# ---------------------------------------------------------------- devices
+def available_devices() -> tuple[str, ...]:
+    """The devices this machine computes on: ``"cpu"``, then ``"cuda"``, ``"cuda:0"``, ... and ``"mps"`` if present."""
+    import torch
+
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return tuple(out)
+
+
+def check_device(device, name: str = "device"):
+    """Return ``device`` as a ``torch.device`` the package can compute on, checked once, before any work.
+
+    ``None`` is the default device (CUDA when available, else the CPU). A string with a typo, ``"cuda"``
+    on a machine without CUDA, a CUDA index beyond the devices present, and devices that hold no numbers
+    (``"meta"``) or that the package does not run on are refused here, naming the device and what this
+    machine has, instead of failing deep inside a run with torch's message (or its bare ``AssertionError``).
+
+    Raises:
+        TypeError: ``device`` is not a string, a ``torch.device`` or None.
+        ValueError: a device this machine cannot compute on.
+    """
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str):
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"{name}={device!r} is not a device name; available here: "
+                             f"{', '.join(available_devices())}") from None
+    else:
+        raise TypeError(f"{name} must be a device name (e.g. 'cpu', 'cuda'), a torch.device or None; "
+                        f"got {type(device).__name__} {device!r:.60}")
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            built = ("this torch build has no CUDA" if not torch.backends.cuda.is_built()
+                     else "no CUDA device is visible")
+            raise ValueError(f"{name}={str(dev)!r} is not available: {built} (torch {torch.__version__}); "
+                             f"available here: {', '.join(available_devices())}")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={str(dev)!r} is not available: this machine has {torch.cuda.device_count()} "
+                             f"CUDA device(s); available here: {', '.join(available_devices())}")
+        return dev
+    if dev.type == "mps" and "mps" in available_devices():
+        return dev
+    why = "it holds shapes, not numbers" if dev.type == "meta" else "the package does not compute on it here"
+    raise ValueError(f"{name}={str(dev)!r} cannot run the package's computations ({why}); available here: "
+                     f"{', '.join(available_devices())}")

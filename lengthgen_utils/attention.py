@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_int
+from ._validate import check_device, check_int
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -148,8 +148,15 @@ def row_weights(scores: Tensor, attention: str = "softmax") -> Tensor:
 
 # ---------------------------------------------------------------- masks and softmax attention
 def causal_mask(seq_len: int, device=None) -> Tensor:
-    """Boolean causal mask ``[L, L]``: entry ``(i, j)`` is True iff ``j <= i`` (query i sees keys 0..i)."""
+    """Boolean causal mask ``[L, L]``: entry ``(i, j)`` is True iff ``j <= i`` (query i sees keys 0..i).
+
+    ``device``: where it lives (default the CPU), checked by :func:`~lengthgen_utils._validate.check_device`.
+
+    Raises:
+        TypeError / ValueError: ``seq_len`` not an int >= 1; a device this machine cannot compute on.
+    """
     seq_len = check_int("seq_len", seq_len, minimum=1)
+    device = check_device("cpu" if device is None else device)
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
@@ -196,6 +203,43 @@ def additive_mask(mask: Tensor, q_len: int, k_len: int, dtype: torch.dtype) -> T
     return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, float("-inf"))
 
 
+def _check_bias(bias, lead: tuple, q_len: int, k_len: int, allowed: Tensor | None = None) -> None:
+    """Raise unless ``bias`` is an additive score bias every attention path treats the same way.
+
+    A bias must be a floating tensor broadcastable to ``[*lead, L_q, L_k]`` (without enlarging it), hold no
+    NaN and no ``+inf`` (either makes a softmax row NaN), and leave every query at least one key it may
+    attend to (``allowed``, the mask; all keys if None) with a finite bias: a query whose every key gets
+    ``-inf`` has no softmax (the explicit path returned NaN there, the fused kernel 0). ``-inf`` on some
+    keys of a row is allowed: it masks them, identically in every path.
+
+    Raises:
+        TypeError: ``bias`` is not a floating tensor.
+        ValueError: a shape that does not broadcast, a NaN or ``+inf`` entry, or a query left no key.
+    """
+    if not isinstance(bias, Tensor) or not bias.dtype.is_floating_point:
+        raise TypeError(f"bias must be a floating torch.Tensor broadcastable to [..., L_q, L_k]; "
+                        f"got {getattr(bias, 'dtype', type(bias).__name__)}")
+    target = (*lead, q_len, k_len)
+    try:
+        fits = torch.broadcast_shapes(bias.shape, target) == torch.Size(target)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"bias must be broadcastable to [..., L_q, L_k] = {list(target)}; got {tuple(bias.shape)}")
+    if bool(torch.isnan(bias).any()):
+        raise ValueError(f"bias holds NaN ({int(torch.isnan(bias).sum())} entries): every query row it reaches would "
+                         "have NaN weights; a bias must be a number, or -inf to mask a key")
+    if bool((bias == math.inf).any()):
+        raise ValueError("bias holds +inf: the softmax of a row with +inf is NaN; a bias must be finite, or -inf "
+                         "to mask a key")
+    finite = torch.isfinite(bias)
+    if not bool(finite.all()):
+        keep = finite if allowed is None else finite & allowed.to(finite.device)
+        if not bool(keep.any(-1).all()):
+            raise ValueError("bias is -inf on every key some query may attend to, so that query has no softmax "
+                             "(NaN); leave each query at least one key with a finite bias")
+
+
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, return_weights: bool = False,
                      bias: Tensor | None = None):
     """Softmax attention ``softmax(q k^T / sqrt(d_head) + bias + mask) v`` under an explicit mask.
@@ -206,20 +250,28 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, return_weigh
             broadcastable to ``[..., L_q, L_k]``; see :func:`additive_mask`. The two forms of
             the same mask give identical results.
         return_weights: also return the weights ``[..., L_q, L_k]``.
-        bias: an optional finite score bias broadcastable to ``[..., L_q, L_k]`` (e.g. ALiBi's).
+        bias: an optional score bias broadcastable to ``[..., L_q, L_k]`` (e.g. ALiBi's): finite, or ``-inf``
+            on keys to mask as long as every query keeps one (see :func:`_check_bias`).
 
     Returns:
         output ``[..., L_q, d_v]`` (and the weights, if asked), in the inputs' dtype; half-precision
         inputs are computed in float32.
 
     Raises:
-        TypeError / ValueError: see :func:`additive_mask` and :func:`check_qkv`.
+        TypeError / ValueError: see :func:`additive_mask`, :func:`check_qkv` and :func:`_check_bias`.
 
     Source: Vaswani et al. 2017, eq. (1).
     """
     check_qkv(q, k, v)
-    scores = attention_scores(q, k)
-    scores = scores + additive_mask(mask, q.shape[-2], k.shape[-2], scores.dtype).to(q.device)
+    additive = additive_mask(mask, q.shape[-2], k.shape[-2], _compute_dtype(q.dtype)).to(q.device)
+    if bias is not None:
+        _check_bias(bias, tuple(q.shape[:-2]), q.shape[-2], k.shape[-2], allowed=additive == 0)
+    return _masked_attention(q, k, v, additive, return_weights, bias)
+
+
+def _masked_attention(q: Tensor, k: Tensor, v: Tensor, additive: Tensor, return_weights: bool, bias):
+    """:func:`masked_attention` on checked inputs (``additive``: the 0 / -inf mask in the scores' dtype)."""
+    scores = attention_scores(q, k) + additive
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     weights = scores.softmax(-1)
@@ -238,21 +290,36 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = Fal
         return_weights: also return the attention weights ``[..., L, L]``: the explicit path,
             :func:`masked_attention` with :func:`causal_mask`; otherwise torch's fused
             ``scaled_dot_product_attention`` (the same function up to float rounding).
-        bias: an optional score bias broadcastable to ``[..., L, L]`` (added after the scaling).
-            On the fused path it is added to a memoised 0 / -inf causal mask and passed as SDPA's
-            ``attn_mask``; a bias that requires grad makes torch take its differentiable (unfused) path.
+        bias: an optional score bias broadcastable to ``[..., L, L]`` (added after the scaling): finite, or
+            ``-inf`` on keys to mask as long as every query keeps a key it sees (:func:`_check_bias`, the
+            same in both paths). On the fused path it is added to a memoised 0 / -inf causal mask and
+            passed as SDPA's ``attn_mask``; a bias that requires grad makes torch take its differentiable
+            (unfused) path.
 
     Returns:
         output ``[..., L, d_head]`` (and weights, if asked).
+
+    Raises:
+        TypeError / ValueError: see :func:`check_qkv` and :func:`_check_bias` (a NaN or ``+inf`` bias, or one
+            that is ``-inf`` on every key a query sees).
 
     Source: Vaswani et al. 2017, eq. (1), with a causal mask.
     """
     check_qkv(q, k, v)
     if q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal attention needs as many queries as keys; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if bias is not None:
+        _check_bias(bias, tuple(q.shape[:-2]), q.shape[-2], k.shape[-2], allowed=causal_mask(q.shape[-2]))
+    return _causal_attention(q, k, v, return_weights, bias)
+
+
+def _causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = False, bias: Tensor | None = None):
+    """:func:`causal_attention` on checked inputs: what the models call, once per layer (their score bias is
+    checked once per validated forward pass, not here)."""
     seq_len = q.shape[-2]
     if return_weights or q.dtype in LOW_PRECISION:
-        return masked_attention(q, k, v, causal_mask(seq_len, q.device), return_weights=return_weights, bias=bias)
+        additive = _additive_causal_mask(seq_len, _compute_dtype(q.dtype), q.device)
+        return _masked_attention(q, k, v, additive, return_weights, bias)
     mask = None if bias is None else bias.to(q.dtype) + _additive_causal_mask(seq_len, q.dtype, q.device)
     return _fused_attention(q, k, v, mask)
 

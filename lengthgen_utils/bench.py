@@ -50,13 +50,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._validate import check_device
 from .configs import RetrievalSweep
 from .profiles import get_profile
 from .runners import run_sweep
 from .models import RetrievalHead, Transformer
 from .positional import rope_inverse_frequencies
 from .tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
-from .training import cpu_threads, default_device, train, train_sequence
+from .training import cpu_threads, train, train_sequence
 
 TASK = FixedOffsetRetrieval(16, 3)
 
@@ -394,7 +395,7 @@ def _sweep_child(profile_name: str, device: str) -> None:
     """Run one profile's single-head sweep in this (fresh) process and print its measurements as JSON."""
     import resource
 
-    device = torch.device(device)
+    device = check_device(device)
     sweep = RetrievalSweep.from_profile(get_profile(profile_name))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
@@ -436,7 +437,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd plain loop")
     parser.add_argument("--sweep-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    device = torch.device(args.device) if args.device else default_device()
+    try:  # checked before any work: a bad device is one line, not a traceback
+        device = check_device(args.device, "--device")
+    except (ValueError, TypeError) as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
     if args.sweep_child:
         _sweep_child(args.sweep_child, str(device))
         return 0

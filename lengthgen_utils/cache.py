@@ -19,7 +19,16 @@ unpickled); an entry that fails any check is reported, removed and
 recomputed, never used. A write killed half way leaves only a temporary file,
 which is never read (``clear`` removes it).
 
-Where: ``$LENGTHGEN_CACHE`` if set (``off`` disables the cache), else
+Entries follow the process's umask (0644 under the usual 022), like any file the user writes, so a
+cache folder shared by several users or a CI job is readable by all of them. Reading never stops a run:
+an entry that cannot be read (a permission, a cache path that is a file, an entry that is a folder, any
+other ``OSError``) or that fails a check is reported with a ``RuntimeWarning`` and the result recomputed.
+
+The folder may hold other files (a checkpoint, notes): :func:`clear` and ``python -m lengthgen_utils cache
+info`` touch and count only the cache's own files, entries (a key-shaped name ``<64 hex digits>.pt`` that
+starts with :data:`MAGIC`) and the temporary files of its writes (``.<16 hex digits>.<random>.tmp``).
+
+Where: ``$LENGTHGEN_CACHE`` if set (``off`` disables the cache; ``~`` is expanded), else
 ``.cache/lengthgen`` under the repository root (ignored by git).
 """
 from __future__ import annotations
@@ -27,7 +36,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
+import numbers
 import os
+import re
+import stat
 import tempfile
 import time
 import warnings
@@ -39,11 +52,16 @@ import torch
 from torch import Tensor
 
 from . import __version__
+from ._validate import check_device, env_path, expand_path
 
 CACHE_ENV = "LENGTHGEN_CACHE"
 MAGIC = b"LENGTHGEN-CACHE 1\n"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = _PACKAGE_DIR.parent
+ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.pt")
+"""The name of an entry: its key (a SHA-256 in hex) and ``.pt``."""
+TEMP_NAME = re.compile(r"\.[0-9a-f]{16}\.[A-Za-z0-9_]+\.tmp")
+"""The name of a temporary file of :func:`save_entry`: ``.<first 16 digits of the key>.<random>.tmp``."""
 # Modules whose code cannot change a cached number (figures, widgets, command-line front ends).
 _NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "buildtime.py", "__main__.py", "profiles.py",
                       "scoreboard.py", "checks.py", "robustness.py"}
@@ -76,13 +94,20 @@ def code_fingerprint() -> str:
 def cache_dir(path=None) -> Path | None:
     """The cache folder: ``path`` if given, else ``$LENGTHGEN_CACHE``, else ``<repo>/.cache/lengthgen``.
 
-    Returns ``None`` when the cache is disabled (``path`` or ``$LENGTHGEN_CACHE`` is ``"off"``).
-    The folder is created on first write, not here.
+    ``~`` is expanded in both (``LENGTHGEN_CACHE=~/lg-cache`` is the folder in the home folder). Returns
+    ``None`` when the cache is disabled (``path`` or ``$LENGTHGEN_CACHE`` is ``"off"``). The folder is
+    created on first write, not here.
+
+    Raises:
+        TypeError: ``path`` is not a string or path.
+        ValueError: a path that starts with a ``~`` naming no home folder (the message names it).
     """
     value = os.environ.get(CACHE_ENV, "") if path is None else path
     if isinstance(value, str) and value.strip().lower() in ("off", "0", "false", "none"):
         return None
-    return Path(value) if value else REPO_ROOT / ".cache" / "lengthgen"
+    if path is None:
+        return env_path(CACHE_ENV, default=REPO_ROOT / ".cache" / "lengthgen")
+    return expand_path("cache", value) if value else REPO_ROOT / ".cache" / "lengthgen"
 
 
 def check_payload(payload, where: str = "payload") -> None:
@@ -132,8 +157,26 @@ def _to_cpu(payload):
     return payload
 
 
+def _umask() -> int:
+    """The process's file-creation mask (read without changing it where the system says it: Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (what every POSIX program does to read it)
+    os.umask(mask)
+    return mask
+
+
 def save_entry(folder: Path, key: str, payload, meta: dict) -> Path:
     """Write ``payload`` (tensors moved to CPU) as the entry ``key``, atomically.
+
+    The entry's mode follows the umask, as a file opened for writing would (``0o666 & ~umask``):
+    ``mkstemp`` creates its temporary file owner-only (0600), and the rename would keep that mode,
+    locking other users of a shared cache folder out of the entry.
 
     Raises:
         TypeError: the payload holds an object the cache does not store (see :func:`check_payload`).
@@ -150,6 +193,8 @@ def save_entry(folder: Path, key: str, payload, meta: dict) -> Path:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key[:16]}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(MAGIC)
             f.write(json.dumps(header, sort_keys=True).encode() + b"\n")
             f.write(body)
@@ -176,6 +221,8 @@ def read_entry(folder: Path, key: str, expect_meta: dict | None = None):
     Raises:
         CorruptEntry: the file exists but is truncated, garbled, belongs to another
             key or configuration, or holds something ``weights_only`` loading refuses.
+        OSError: the entry exists but cannot be read (a permission, a folder in its place, a cache
+            path that is a file); :func:`load_or_run` reports it and recomputes.
     """
     path = entry_path(folder, key)
     try:
@@ -210,18 +257,66 @@ def read_entry(folder: Path, key: str, expect_meta: dict | None = None):
         raise CorruptEntry(f"payload refused by weights_only loading ({type(e).__name__}: {e})") from None
 
 
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)  # not a folder, not a link to someone else's file
+    except OSError:
+        return False
+
+
+def is_entry(path) -> bool:
+    """True if ``path`` is one of the cache's entries: a regular file named ``<key>.pt`` (a 64-digit hex key)
+    whose content starts with :data:`MAGIC`. A checkpoint or any other file in the folder is not."""
+    path = Path(path)
+    if not ENTRY_NAME.fullmatch(path.name) or not _is_regular(path):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def entries(folder) -> list[Path]:
+    """The cache's entries in ``folder`` (see :func:`is_entry`), sorted; ``[]`` if it is not a folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.pt") if is_entry(p))
+
+
+def temporary_files(folder) -> list[Path]:
+    """The temporary files that writes of this cache left in ``folder`` (``.<16 hex>.<random>.tmp``), sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob(".*.tmp") if TEMP_NAME.fullmatch(p.name) and _is_regular(p))
+
+
 def clear(folder=None, older_than_s: float = 0.0) -> int:
-    """Remove entries and leftover temporary files from the cache folder; returns how many.
+    """Remove the cache's entries and the temporary files of its writes from the folder; returns how many.
+
+    Only the cache's own files are touched (:func:`entries`, :func:`temporary_files`): a checkpoint, a
+    note or any other file that shares the folder is left alone, whatever its name.
 
     Args:
         folder: the cache folder (default :func:`cache_dir`).
-        older_than_s: only files last modified at least this many seconds ago.
+        older_than_s: only files last modified at least this many seconds ago (a finite number >= 0).
+
+    Raises:
+        TypeError / ValueError: ``older_than_s`` is not a finite real number >= 0 (NaN, inf, negative).
     """
+    if isinstance(older_than_s, bool) or not isinstance(older_than_s, numbers.Real):
+        raise TypeError(f"older_than_s must be a number of seconds >= 0; got {type(older_than_s).__name__} "
+                        f"{older_than_s!r:.60}")
+    older_than_s = float(older_than_s)
+    if not math.isfinite(older_than_s) or older_than_s < 0:
+        raise ValueError(f"older_than_s must be a finite number of seconds >= 0; got older_than_s={older_than_s}")
     folder = cache_dir(folder)
-    if folder is None or not folder.is_dir():
+    if folder is None:
         return 0
     now, removed = time.time(), 0
-    for path in list(folder.glob("*.pt")) + list(folder.glob(".*.tmp")):
+    for path in entries(folder) + temporary_files(folder):
         try:
             if now - path.stat().st_mtime >= older_than_s:
                 path.unlink()
@@ -342,14 +437,19 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
 
     Returns:
         ``(payload, status)``: status is ``"hit"``, ``"miss"`` (computed and stored),
-        ``"recomputed"`` (an unusable entry was replaced) or ``"off"`` (cache disabled).
+        ``"recomputed"`` (an entry that failed a check or could not be read was recomputed, and stored
+        where the folder allows) or ``"off"`` (cache disabled). Faults of the cache itself (an unreadable
+        entry or folder, a full disk) never raise: they are reported with a ``RuntimeWarning``.
 
     Raises:
         TypeError: ``config`` is not a dataclass instance, or the payload holds an object
             the cache cannot store safely.
+        ValueError: a device this machine cannot compute on
+            (:func:`~lengthgen_utils._validate.check_device`), or a cache path whose ``~`` names no home folder.
     """
     if not is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"config must be a dataclass instance; got {type(config).__name__}")
+    device = check_device(device)  # a typo or "meta" is refused by name before any work
     folder = None if cache is False else cache_dir(None if cache is True or cache is None else os.fspath(cache))
     if folder is None:
         payload = compute()
@@ -367,6 +467,10 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
             entry_path(folder, key).unlink()
         except OSError:
             pass
+    except OSError as e:  # a permission, a file where the folder should be, an entry that is a folder, ...
+        warnings.warn(f"results cache: cannot read {entry_path(folder, key)} ({type(e).__name__}: {e}); "
+                      "recomputing it", RuntimeWarning, stacklevel=2)
+        status, payload = "recomputed", None
     if payload is not None:
         return payload, "hit"
     payload = compute()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 from ._validate import (check_fits, check_float_sequence, check_int, check_int_sequence, check_positive_float,
-                        normalize_sequence)
+                        normalize_numbers, normalize_sequence)
 from .attention import check_attention
 from .positional import Encoding, RoPE, get_encoding
 from .profiles import Profile
@@ -44,6 +44,7 @@ class TrainingSettings:
     data_seed: int = 0
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         self._check_training()
 
     def _check_training(self, **sizes) -> None:
@@ -80,6 +81,7 @@ class SingleHeadSettings(TrainingSettings):
     min_train_len: int | None = None
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         self._check_settings(1)
 
     def _check_settings(self, largest_offset: int) -> None:
@@ -121,6 +123,7 @@ class RetrievalExperiment(SingleHeadSettings):
     offset: int = 3
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "pe", get_encoding(self.pe))
         check_attention(self.attention)
         self._check_settings(check_int("offset", self.offset, minimum=1))
@@ -187,6 +190,7 @@ class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
     offsets: tuple[int, ...] = (1, 2, 3, 5)
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         for name in ("pes", "attentions"):
             values = getattr(self, name)
             if isinstance(values, (str, Encoding)) or not hasattr(values, "__iter__") or not tuple(values):
@@ -269,6 +273,7 @@ class SnapshotSweep:
     length_temperature: bool = False
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         if not isinstance(self.sweep, RetrievalSweep) or len(self.sweep.pes) != 1 or len(self.sweep.attentions) != 1:
             raise TypeError(f"sweep must be a RetrievalSweep of one encoding and one attention; got {self.sweep!r:.200}")
         for i, step in enumerate(normalize_sequence(self, "snapshot_steps", minimum=1)):
@@ -301,6 +306,7 @@ class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
     init_scale: float = 0.1
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         offsets = normalize_sequence(self, "offsets", minimum=1)
         if len(set(offsets)) != len(offsets):
             raise ValueError(f"offsets must be distinct; got {offsets}")
@@ -331,6 +337,7 @@ class KernelHeadConfig:
     steps: int
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         if not isinstance(self.experiment, RetrievalExperiment):
             raise TypeError(f"experiment must be a RetrievalExperiment; got {type(self.experiment).__name__} "
                             f"{self.experiment!r:.60}")
@@ -370,6 +377,7 @@ class TransformerExperiment(TrainingSettings):
     d_model: int = 128
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "pe", get_encoding(self.pe))
         if not isinstance(self.task, Task):
             raise TypeError(f"task must be a Task (e.g. DelayedCopy(16, 5)); got {type(self.task).__name__} "

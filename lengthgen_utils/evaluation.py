@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence, check_positive_float, per_model_ints
+from ._validate import check_int, check_int_sequence, check_nonempty, check_positive_float, per_model_ints
 from .seeding import generator
 from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from .training import ensemble_squared_error, model_threads
@@ -188,8 +188,18 @@ def split_accuracy(accuracy: Tensor, counts: Tensor, train_len: int) -> tuple[Te
 
     Returns:
         ``inside [M]`` and ``outside [M]``, count-weighted means (NaN when a side has no scored token).
+
+    Raises:
+        ValueError / TypeError: ``accuracy`` not ``[M, L]`` with ``M, L >= 1``, ``counts`` not ``[L]``, or a
+            ``train_len`` that is not an int >= 1.
     """
     train_len = check_int("train_len", train_len, minimum=1)
+    if not isinstance(accuracy, Tensor) or accuracy.dim() != 2:
+        raise ValueError(f"accuracy must be a tensor [M, L]; got {getattr(accuracy, 'shape', type(accuracy).__name__)}")
+    check_nonempty("accuracy", accuracy, "[M, L]")
+    if not isinstance(counts, Tensor) or tuple(counts.shape) != (accuracy.shape[1],):
+        raise ValueError(f"counts must be a tensor [L = {accuracy.shape[1]}] (one count per position of accuracy); "
+                         f"got {tuple(getattr(counts, 'shape', ()))}")
     inside = torch.arange(accuracy.shape[-1]) < train_len
     weighted = torch.nan_to_num(accuracy) * counts
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_positive_float, per_model_ints
+from ._validate import check_int, check_nonempty, check_positive_float, per_model_ints
 from .seeding import generator
 from .positional import (RoPE, check_relative_positions, rope_kernel_coefficients,
                          rope_kernel_features)
@@ -172,9 +172,13 @@ def peak_distance(kernel: Tensor) -> Tensor:
     """The distance ``d = -D`` of each row's largest entry, for a kernel ``[M, n]`` in the row layout: long ``[M]``.
 
     A head that selects its target has ``peak_distance == offset``.
+
+    Raises:
+        ValueError: ``kernel`` is not ``[M, n]`` with ``M, n >= 1``.
     """
     if not isinstance(kernel, Tensor) or kernel.dim() != 2:
         raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    check_nonempty("kernel", kernel, "[M, n]")
     return kernel.shape[1] - 1 - kernel.argmax(1).cpu()
 
 
@@ -225,10 +229,11 @@ def participation_ratio(weights: Tensor) -> Tensor:
         float64 ``[...]``.
 
     Raises:
-        ValueError: negative entries, or a row that is all zero.
+        ValueError: negative entries, a row that is all zero, or an empty dimension (no rows, no components).
     """
-    if not isinstance(weights, Tensor) or weights.dtype.is_complex:
-        raise TypeError(f"weights must be a real torch.Tensor; got {type(weights).__name__}")
+    if not isinstance(weights, Tensor) or weights.dtype.is_complex or weights.dim() < 1:
+        raise TypeError(f"weights must be a real torch.Tensor [..., n]; got {type(weights).__name__}")
+    check_nonempty("weights", weights, "[..., n]")
     weights = weights.double()
     if (weights < 0).any():
         raise ValueError(f"weights must be >= 0; got min {float(weights.min()):.3g}")
@@ -674,6 +679,10 @@ def spectrum_alignment(spectrum: CarrierSpectrum, offset, weights: Tensor | None
 
     Returns:
         float64 ``[N]`` in [-1, 1] (1: every weighted pair peaks at ``D = -k``).
+
+    Raises:
+        ValueError / TypeError: bad offsets, weights of another shape or negative, or a carrier whose weights
+            are all 0 (its alignment divides by their sum).
     """
     n = spectrum.r.shape[0]
     k = torch.tensor(per_model_ints("offset", offset, n, minimum=1), dtype=torch.float64)
@@ -681,7 +690,11 @@ def spectrum_alignment(spectrum: CarrierSpectrum, offset, weights: Tensor | None
     if w.shape != spectrum.r.shape or (w < 0).any():
         raise ValueError(f"weights must be non-negative [N, P] = {tuple(spectrum.r.shape)}; got {tuple(w.shape)}")
     cos = torch.cos(spectrum.phi + spectrum.theta[None, :] * k[:, None])
-    return (w * cos).sum(1) / w.sum(1)
+    total = w.sum(1)
+    if bool((total == 0).any()):
+        raise ValueError("weights are all 0 for some carrier (no pair has amplitude or variation): its alignment "
+                         "divides by their sum, 0")
+    return (w * cos).sum(1) / total
 
 
 def spectrum_reconstruction(spectrum: CarrierSpectrum, window, rank: int) -> Tensor:
@@ -691,7 +704,8 @@ def spectrum_reconstruction(spectrum: CarrierSpectrum, window, rank: int) -> Ten
     (``D = -(L-1) .. 0``) or the relative positions themselves. Returns float64 ``[N]``, at most 1.
 
     Raises:
-        ValueError / TypeError: ``rank`` not in ``[0, P]`` (the number of frequency pairs).
+        ValueError / TypeError: ``rank`` not in ``[0, P]`` (the number of frequency pairs), or a carrier that
+            is constant over the window (no variance to keep: the fraction divides by 0).
     """
     n_pairs = spectrum.r.shape[1]
     rank = check_int("rank", rank, minimum=0, maximum=n_pairs)
@@ -705,7 +719,11 @@ def _kept_variance(comps: Tensor, rank: int) -> Tensor:
     keep.scatter_(1, order[:, :rank], True)
     approx = torch.where(keep[..., None], comps, comps.mean(-1, keepdim=True)).sum(1)
     s = comps.sum(1)
-    return 1 - ((s - approx) ** 2).sum(-1) / ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
+    variance = ((s - s.mean(-1, keepdim=True)) ** 2).sum(-1)
+    if bool((variance == 0).any()):
+        raise ValueError("a carrier is constant over the window: it has no variance, so the fraction of it kept "
+                         "divides by 0")
+    return 1 - ((s - approx) ** 2).sum(-1) / variance
 
 
 def fitted_carrier_measures(fit: CarrierFit, offset) -> dict:

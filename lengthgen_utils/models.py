@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, per_model_ints,
-                        per_model_rows)
+from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
+                        per_model_ints, per_model_rows)
+from .attention import _causal_attention, _check_bias, attention_scores, causal_mask, check_attention, row_weights
 from .seeding import generator
-from .attention import attention_scores, causal_attention, causal_mask, check_attention, row_weights
 from .positional import Encoding, RoPE, get_encoding, kernel_frequencies, rope_kernel_features
 
 
@@ -55,9 +55,9 @@ def _check_tokens(tokens, n_tokens: int, n_models: int, validate: bool, batched_
     dims = (2, 3) if batched_models else (2,)
     if tokens.dim() == 3 and batched_models:
         per_model_rows("tokens", tokens, n_models)
-    if tokens.dim() not in dims or tokens.shape[-1] < 1:
+    if tokens.dim() not in dims or tokens.shape[-1] < 1 or tokens.shape[-2] < 1:
         shape = "[B, L] or [M, B, L]" if batched_models else "[B, L]"
-        raise ValueError(f"tokens must have shape {shape} (M = {n_models}, L >= 1); got {tuple(tokens.shape)}")
+        raise ValueError(f"tokens must have shape {shape} (M = {n_models}, B >= 1, L >= 1); got {tuple(tokens.shape)}")
     if validate and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
         raise ValueError(f"tokens must lie in [0, {n_tokens - 1}]; got values in [{int(tokens.min())}, {int(tokens.max())}]")
 
@@ -97,6 +97,8 @@ def readout(weights: Tensor, tokens: Tensor, table: Tensor) -> Tensor:
     per_model_rows("weights", weights, m)
     if tokens.dim() == 3:
         per_model_rows("tokens", tokens, m)
+    if tokens.dim() not in (2, 3) or tokens.shape[-2] < 1 or tokens.shape[-1] < 1:
+        raise ValueError(f"tokens must have shape [B, L] or [M, B, L] with B >= 1, L >= 1; got {tuple(tokens.shape)}")
     b, seq_len = tokens.shape[-2:]
     weights = weights[:, None, :] if weights.dim() == 2 else weights
     mass = torch.zeros(m, b, n_tokens, device=table.device, dtype=weights.dtype)
@@ -176,6 +178,7 @@ class RetrievalHeadConfig:
     max_len: int = 256
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_model", self.d_model, minimum=1)
         check_int("d_head", self.d_head, minimum=1)
@@ -294,6 +297,9 @@ class RetrievalHead(EnsembleModel):
         """
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
         attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
+        if validate and not bool(torch.isfinite(attn).all()):  # e.g. a learned score bias that has gone NaN
+            raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not finite "
+                             "(a NaN or inf score bias or weight): refusing to read it out")
         logits = readout(attn, tokens, self.value_table())
         return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -414,6 +420,7 @@ class LinearRNNConfig:
     init_scale: float = 0.1
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_state", self.d_state, minimum=1)
         check_positive_float("init_scale", self.init_scale, allow_zero=True)
@@ -590,6 +597,7 @@ class TransformerConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("n_layers", self.n_layers, minimum=1)
         check_int("n_heads", self.n_heads, minimum=1)
@@ -730,6 +738,11 @@ class Transformer(EnsembleModel):
         bias = self.encoding.score_bias(self.pe_params, positions, positions, n_heads)
         if bias is not None:  # [M|1, H, L, L] -> broadcastable to [M*B, H, L, L]
             bias = bias.to(device=self.device, dtype=x.dtype)
+            if validate:  # once per validated pass (not in training): a learned bias that went NaN is refused
+                try:
+                    _check_bias(bias, (bias.shape[0], n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
+                except ValueError as err:
+                    raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
             if bias.shape[0] > 1:
                 bias = bias[:, None].expand(m, b, *bias.shape[1:]).reshape(m * b, *bias.shape[1:])
         collected = []
@@ -738,9 +751,9 @@ class Transformer(EnsembleModel):
             q, k, v = self._attention_inputs(block, x, positions, b, token_rows)
             token_rows = None
             if collect is None:
-                out = causal_attention(q, k, v, bias=bias)
+                out = _causal_attention(q, k, v, bias=bias)
             else:
-                out, weights = causal_attention(q, k, v, return_weights=True, bias=bias)
+                out, weights = _causal_attention(q, k, v, return_weights=True, bias=bias)
                 if collect == "scores":
                     scores = attention_scores(q, k) + (bias if bias is not None else 0)
                     weights = scores.masked_fill(~causal_mask(seq_len, self.device), float("-inf"))

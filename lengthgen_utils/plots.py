@@ -21,6 +21,7 @@ copy of plotly.js that the build serves from its own ``_static`` folder
 from __future__ import annotations
 
 import copy
+import json
 import re
 import textwrap
 import warnings
@@ -147,9 +148,27 @@ def fit_to_column(fig) -> dict:
     return fig
 
 
+def strict_json(fig_dict: dict) -> dict:
+    """A figure's JSON dict as strict JSON: through plotly's encoder, so NaN and infinities become ``null`` (what
+    plotly.js draws as a gap) and numpy arrays plotly's lists or typed arrays.
+
+    The book's outputs are written into notebooks and pages as JSON; Python's ``json`` would write a NaN as
+    the non-standard ``NaN`` (and Jupyter warns, in the cell, about a message that is not JSON). plotly's own
+    renderers do the same round trip.
+
+    Args:
+        fig_dict: a figure's JSON dict (``{"data", "layout", "frames"}``).
+
+    Returns:
+        a new dict that ``json.dumps(..., allow_nan=False)`` writes.
+    """
+    return json.loads(pio.to_json(fig_dict, validate=False, remove_uids=False))
+
+
 def _bundle(fig_dict: dict) -> dict:
-    """The output of a figure: plotly's JSON (Jupyter) and an HTML div for the book (plotly.js served by the book)."""
-    fig_dict = fit_to_column(fig_dict)
+    """The output of a figure: plotly's JSON (Jupyter) and an HTML div for the book (plotly.js served by the book),
+    both strict JSON (:func:`strict_json`)."""
+    fig_dict = strict_json(fit_to_column(fig_dict))
     grid = ((fig_dict.get("layout") or {}).get("meta") or {}).get("grid")
     html = pio.to_html(fig_dict, include_plotlyjs=False, full_html=False, auto_play=False, config=CONFIG,
                        post_script=GRID_SCRIPT if grid else None)

@@ -46,7 +46,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_positive_float, check_rope_base
+from ._validate import check_device, check_int, check_positive_float, check_rope_base, normalize_numbers
 
 
 # ---------------------------------------------------------------- RoPE numerics
@@ -196,8 +196,10 @@ def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shif
     The same numbers :func:`apply_rope` computes for ``positions = arange(seq_len) + position_shift``
     (angles in float64, then cos/sin cast to ``dtype``), computed once per
     ``(seq_len, d_head, base, position_shift, dtype, device)`` instead of once
-    per training step. The returned tensors are shared between callers: never
-    modify them in place.
+    per training step. The tables are computed once and kept; each call returns
+    its own copy of them, so a caller that edits the result in place changes
+    nothing else (the models' rotations read the memo itself, which nothing
+    outside the package ever holds).
 
     Args:
         seq_len: L >= 1.
@@ -205,13 +207,14 @@ def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shif
         base: RoPE base.
         position_shift: the first position (any integer).
         dtype: floating dtype of the returned tables.
-        device: where the tables live.
+        device: where the tables live (checked by :func:`~lengthgen_utils._validate.check_device`).
 
     Returns:
-        ``cos, sin``, each ``[seq_len, d_head // 2]`` of ``dtype`` on ``device``.
+        ``cos, sin``, each ``[seq_len, d_head // 2]`` of ``dtype`` on ``device`` (the caller's own copy).
 
     Raises:
-        ValueError / TypeError: ``seq_len < 1``, odd ``d_head``, ``base <= 1``, a non-floating ``dtype``.
+        ValueError / TypeError: ``seq_len < 1``, odd ``d_head``, ``base <= 1``, a non-floating ``dtype``,
+            a device this machine cannot compute on.
     """
     seq_len = check_int("seq_len", seq_len, minimum=1)
     position_shift = check_int("position_shift", position_shift)
@@ -219,12 +222,14 @@ def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shif
     base = check_rope_base("base", base)  # validated before the cache sees it (an unhashable value would fail there)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-    return _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, torch.device(device))
+    cos, sin = _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, check_device(device))
+    return cos.clone(), sin.clone()
 
 
 @lru_cache(maxsize=256)
 def _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, device) -> tuple[Tensor, Tensor]:
-    """The memoised body of :func:`rope_cos_sin` (validated arguments)."""
+    """The memoised body of :func:`rope_cos_sin` (validated arguments); the tensors are the memo itself:
+    only the package's rotations read them, and never in place."""
     with torch.inference_mode(False):  # cached tables must stay usable by autograd whoever built them first
         positions = torch.arange(seq_len, device=device) + position_shift
         angles = rope_angles(positions, d_head, base)
@@ -298,7 +303,7 @@ def kernel_frequencies(d_head: int, base: float = 10000.0, frequencies=None) -> 
     theta = rope_inverse_frequencies(d_head, base)
     if frequencies is None:
         return theta
-    freq = torch.as_tensor(frequencies, dtype=torch.float64).flatten()
+    freq = torch.as_tensor(frequencies, dtype=torch.float64).flatten().clone()  # never the caller's own tensor
     if freq.shape != theta.shape or not torch.isfinite(freq).all():
         raise ValueError(f"frequencies must be d_head // 2 = {theta.numel()} finite numbers; got {frequencies!r}")
     return freq
@@ -370,8 +375,8 @@ def rope_kernel_coefficients(q: Tensor, k: Tensor, interleaved: bool = False) ->
     for name, x in (("q", q), ("k", k)):
         if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor [..., d_head]; got {type(x).__name__}")
-    if q.shape != k.shape or q.shape[-1] % 2:
-        raise ValueError(f"q and k must have the same shape [..., d_head] with d_head even; "
+    if q.shape != k.shape or q.dim() < 1 or q.shape[-1] % 2 or q.shape[-1] < 2:
+        raise ValueError(f"q and k must have the same shape [..., d_head] with d_head even and >= 2; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if q.dtype in (torch.float16, torch.bfloat16):
         q, k = q.float(), k.float()
@@ -525,6 +530,7 @@ class LearnedAPE(Encoding):
     color: ClassVar[str] = "#d62728"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -572,6 +578,7 @@ class RoPE(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
         if not isinstance(self.interleaved, bool):
             raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
@@ -609,7 +616,7 @@ class RoPE(Encoding):
             table = (positions.shape[-1], d_head, self.base, int(positions[0]))
             if self.interleaved and x.dtype in COMPLEX_DTYPES:  # one complex multiply (see rotate_adjacent_pairs)
                 return rotate_adjacent_pairs(x, _rope_phases(*table, x.dtype, x.device))
-            cos, sin = rope_cos_sin(*table, x.dtype, x.device)
+            cos, sin = _rope_cos_sin(*table, x.dtype, x.device)  # the memo itself: read, never modified
         else:
             angles = angles_in_dtype(positions, theta, ANGLE_DTYPES[self.angle_dtype]).to(x.device)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
@@ -788,6 +795,7 @@ class NoPEBOS(Encoding):
     color: ClassVar[str] = "#bcbd22"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -863,6 +871,7 @@ class SinusoidalAPE(Encoding):
     color: ClassVar[str] = "#ff7f0e"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
 
     @property
@@ -943,6 +952,7 @@ class T5Bias(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("num_buckets", self.num_buckets, minimum=2)
         check_int("max_distance", self.max_distance, minimum=self.num_buckets // 2 + 1)
         check_positive_float("init_std", self.init_std, allow_zero=True)
@@ -1009,6 +1019,7 @@ class RandomizedPositions(Encoding):
     name: ClassVar[str] = "randomized"
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", get_encoding(self.base, "base"))
         if isinstance(self.base, RandomizedPositions):
             raise TypeError("base must not itself be RandomizedPositions (draw positions once)")

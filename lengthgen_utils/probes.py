@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence, per_model_ints
+from ._validate import check_int, check_int_sequence, check_nonempty, per_model_ints
 from .seeding import generator
 from .attention import attention_scores, row_weights
 from .kernel import CarrierFit, fit_carrier
@@ -160,10 +160,11 @@ def diagonal_spread(logits: Tensor, causal: bool = True) -> Tensor:
         tensor ``[...]`` (float64, CPU): 0 for an exactly offset-only matrix.
 
     Raises:
-        ValueError: ``logits`` is not square in its last two dims.
+        ValueError: ``logits`` is not square in its last two dims, or has an empty dimension.
     """
     if not isinstance(logits, Tensor) or logits.dim() < 2 or logits.shape[-1] != logits.shape[-2]:
         raise ValueError(f"logits must be a tensor [..., L, L]; got shape {tuple(getattr(logits, 'shape', ()))}")
+    check_nonempty("logits", logits, "[..., L, L]")
     x = logits.detach().double().cpu()
     seq_len = x.shape[-1]
     spreads = []
@@ -400,12 +401,13 @@ def accuracy_transition(accuracy: Tensor, lengths, chance: float, high: float = 
         never below halfway)}``.
 
     Raises:
-        ValueError: shapes that do not match, lengths not increasing, chance or high outside (0, 1).
+        ValueError: shapes that do not match (or no model), lengths not increasing, chance or high outside (0, 1).
     """
     lengths = check_int_sequence("lengths", lengths, minimum=1)
     accuracy = torch.as_tensor(accuracy, dtype=torch.float64)
     if accuracy.dim() != 2 or accuracy.shape[1] != len(lengths):
         raise ValueError(f"accuracy must be [M, {len(lengths)}] (one column per length); got {tuple(accuracy.shape)}")
+    check_nonempty("accuracy", accuracy, f"[M, {len(lengths)}]")
     if any(b <= a for a, b in zip(lengths, lengths[1:])):
         raise ValueError(f"lengths must increase; got {lengths}")
     if not (0 < chance < 1) or not (0 < high < 1) or high <= (1 + chance) / 2:

@@ -12,14 +12,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ._validate import check_int, check_int_sequence, check_rope_base
+from ._validate import check_int, check_int_sequence, check_rope_base, normalize_numbers, plain_number
 from .attention import check_attention
 
 PROFILE_ENV = "LENGTHGEN_PROFILE"
 
 
 def _frozen(name: str, value):
-    """``value`` with every list turned into a tuple (nested), so that it can be hashed; else ``TypeError``."""
+    """``value`` with every list turned into a tuple (nested) and every numpy scalar into the Python number it
+    stands for, so that it can be hashed and keys the cache; else ``TypeError``."""
+    value = plain_number(value)
     if isinstance(value, (list, tuple)):
         return tuple(_frozen(f"{name}[{i}]", v) for i, v in enumerate(value))
     try:
@@ -69,6 +71,7 @@ class Profile:
     margin_controls: tuple[str, ...] = ("steps", "weight decay")
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"name must be a non-empty str; got {type(self.name).__name__} {self.name!r}")
         for name in ("n_seeds", "steps", "batch_size", "eval_samples"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._validate import check_int, check_positive_float
+from ._validate import check_device, check_int, check_positive_float
 from .cache import load_or_run
 from .configs import (KernelHeadConfig, RecurrentExperiment, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
                       TransformerExperiment, transformer_experiment)
@@ -26,11 +26,12 @@ from .positional import get_encoding, kernel_frequencies, rope_kernel_features
 from .profiles import Profile
 from .theory import (expected_squared_error, gradient_descent_kernel, log_length_scale, min_norm_interpolant,
                      squared_loss_quadratic, trained_relative_positions)
-from .training import default_cpu_threads, default_device, train, train_sequence, train_squared_loss
+from .training import default_cpu_threads, train, train_sequence, train_squared_loss
 
 
 def _device(device) -> torch.device:
-    return torch.device(device) if device is not None else default_device()
+    """The device a runner trains on, checked before any work (:func:`~lengthgen_utils._validate.check_device`)."""
+    return check_device(device)
 
 
 # ---------------------------------------------------------------- one single-head ensemble

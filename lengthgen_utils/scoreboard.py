@@ -29,6 +29,7 @@ import warnings
 from html import escape
 from pathlib import Path
 
+from ._validate import env_path
 from .cache import REPO_ROOT
 from .profiles import get_profile
 
@@ -88,13 +89,39 @@ def book_root(start: Path | None = None) -> Path:
 def claims_dir() -> Path:
     """The folder of every run's records: ``$LENGTHGEN_CLAIMS`` (``~`` expanded), else
     ``<book>/_build/claims`` for the book of :func:`book_root`."""
-    value = os.environ.get(CLAIMS_ENV, "")
-    return Path(value).expanduser() if value else book_root() / "_build" / "claims"
+    return env_path(CLAIMS_ENV) or book_root() / "_build" / "claims"
 
 
 def run_dir() -> Path:
     """This run's records: ``claims_dir() / run_id()``."""
     return claims_dir() / run_id()
+
+
+def clear_run() -> int:
+    """Remove this run's records (its claims and its checks), and nothing else; returns how many files.
+
+    Only the files a run writes are touched: ``<claim>.json`` records (which say they are claims records),
+    ``checks/<chapter>.json`` and the temporary files of an interrupted write. A folder the run did not write,
+    or a file in it that is not a record, stays.
+    """
+    folder, removed = run_dir(), 0
+    candidates = list(folder.glob("*.json")) + list((folder / "checks").glob("*.json"))
+    candidates += list(folder.glob(".*.tmp")) + list((folder / "checks").glob(".*.tmp"))
+    for path in candidates:
+        if path.suffix == ".json":
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(record, dict) or not ({"claim", "status"} <= record.keys()
+                                                    or {"chapter", "checks"} <= record.keys()):
+                continue
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def record_claim(claim: str, status: str, summary: str, numbers: dict | None = None, chapter: str = "") -> None:

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._validate import check_generator, check_int, per_model
+from ._validate import check_device, check_generator, check_int, normalize_numbers, per_model
 
 IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
 
@@ -48,6 +48,7 @@ class Task:
     n_special_tokens: ClassVar[int] = 0
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
 
     @property
@@ -123,18 +124,20 @@ class Task:
             seq_len: L >= ``min_seq_len``.
             generator: the only source of randomness (a CPU ``torch.Generator``).
             device: where the returned tensors live (sampled on the CPU, then moved, so results
-                do not depend on the device).
+                do not depend on the device); checked by :func:`~lengthgen_utils._validate.check_device`.
 
         Returns:
             ``tokens`` LongTensor ``[B, L]`` and ``targets`` LongTensor ``[B, L]``
             (``IGNORE_INDEX`` at unscored positions).
 
         Raises:
-            TypeError / ValueError: a size of the wrong type or out of range; a generator that is not one.
+            TypeError / ValueError: a size of the wrong type or out of range; a generator that is not one;
+                a device this machine cannot compute on.
         """
         check_int("batch_size", batch_size, minimum=1)
         seq_len = self.check_seq_len(seq_len)
         check_generator(generator)
+        device = check_device(device)
         tokens = self._sample_tokens(batch_size, seq_len, generator).to(device)
         return tokens, self._targets_at(tokens)
 

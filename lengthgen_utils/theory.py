@@ -16,8 +16,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._validate import (check_int, check_int_sequence, check_positive_float, n_per_model, per_model_floats,
-                        per_model_ints)
+from ._validate import (check_int, check_int_sequence, check_nonempty, check_positive_float, n_per_model,
+                        per_model_floats, per_model_ints)
 from .positional import check_relative_positions, rope_kernel_features
 
 # --- dilution (chapter 5)
@@ -29,6 +29,9 @@ def _check_kernel(kernel) -> Tensor:
                         f"got {getattr(kernel, 'dtype', type(kernel).__name__)}")
     if kernel.dim() != 2:
         raise ValueError(f"kernel must have shape [M, n] (row layout); got {tuple(kernel.shape)}")
+    if not bool(torch.isfinite(kernel).all()):  # a NaN or inf logit makes every closed form NaN, silently
+        raise ValueError(f"kernel must hold finite logits; got {int((~torch.isfinite(kernel)).sum())} NaN or inf "
+                         "entries")
     return kernel.double()
 
 
@@ -48,7 +51,8 @@ def exact_target_mass(kernel: Tensor, offset, lengths, logit_scale=None) -> Tens
         float64 ``[M, len(lengths)]`` in (0, 1].
 
     Raises:
-        ValueError / TypeError: bad shapes, a length longer than the kernel or too short for the offset.
+        ValueError / TypeError: bad shapes, a NaN or inf logit, a length longer than the kernel or too short
+            for the offset.
     """
     kernel = _check_kernel(kernel)
     m, n = kernel.shape
@@ -142,10 +146,14 @@ def critical_target_mass(value_table: Tensor) -> Tensor:
         float64 ``[M]`` in [0, 1].
 
     Raises:
-        ValueError: not ``[M, V, V]``, or some token does not favour its own class (``g <= h``).
+        ValueError: not ``[M, V, V]`` with ``M >= 1`` and ``V >= 2``, or some token does not favour its own
+            class (``g <= h``).
     """
     if not isinstance(value_table, Tensor) or value_table.dim() != 3 or value_table.shape[1] != value_table.shape[2]:
         raise ValueError(f"value_table must be a tensor [M, V, V]; got {getattr(value_table, 'shape', type(value_table).__name__)}")
+    if value_table.shape[0] < 1 or value_table.shape[1] < 2:
+        raise ValueError(f"value_table must be [M, V, V] with M >= 1 and V >= 2 (a readout needs two classes); "
+                         f"got {tuple(value_table.shape)}")
     t = value_table.double()
     mu = t.mean(1)  # [M, V]
     diag = torch.diagonal(t, dim1=1, dim2=2)  # [M, V]
@@ -228,6 +236,10 @@ def linear_fit(x, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     y = torch.as_tensor(y, dtype=torch.float64)
     if y.dim() != 2 or x.dim() != 1 or y.shape[1] != x.shape[0] or x.shape[0] < 3:
         raise ValueError(f"need x [n >= 3] and y [M, n]; got x {tuple(x.shape)}, y {tuple(y.shape)}")
+    check_nonempty("y", y, "[M >= 1, n]")
+    if bool((x == x[0]).all()):
+        raise ValueError(f"x must hold at least 2 distinct values (the slope divides by their spread); "
+                         f"got {x.tolist()}")
     xc = x - x.mean()
     yc = y - y.mean(1, keepdim=True)
     ss_tot = (yc ** 2).sum(1)
@@ -502,6 +514,7 @@ def r_squared(y: Tensor, prediction: Tensor) -> Tensor:
     prediction = torch.as_tensor(prediction, dtype=torch.float64)
     if y.dim() != 2:
         raise ValueError(f"y must be [M, n]; got shape {tuple(y.shape)}")
+    check_nonempty("y", y, "[M, n]")
     ss_tot = ((y - y.mean(1, keepdim=True)) ** 2).sum(1)
     if (ss_tot == 0).any():
         raise ValueError("a row of y is constant: R^2 is undefined")
@@ -659,6 +672,7 @@ def expected_squared_error(kernel: Tensor, offset: int, vocab_size: int) -> Tens
     """
     offset = check_int("offset", offset, minimum=1)
     vocab_size = check_int("vocab_size", vocab_size, minimum=2)
+    _check_weights(kernel)
     seq_len = kernel.shape[-1]
     if offset > seq_len - 2:
         raise ValueError(f"offset must be <= seq_len - 2 = {seq_len - 2}; got offset={offset}")
@@ -667,10 +681,34 @@ def expected_squared_error(kernel: Tensor, offset: int, vocab_size: int) -> Tens
     return (1 - 1 / vocab_size) * (r ** 2).sum(-1) + (r.sum(-1) ** 2) / vocab_size
 
 
+def _check_weights(kernel, name: str = "kernel") -> None:
+    """Raise unless ``kernel`` is a real tensor ``[..., L]`` with no empty dimension."""
+    if not isinstance(kernel, Tensor) or kernel.dtype.is_complex or kernel.dtype == torch.bool or kernel.dim() < 1:
+        raise TypeError(f"{name} must be a real torch.Tensor [..., L]; "
+                        f"got {getattr(kernel, 'dtype', type(kernel).__name__)}")
+    check_nonempty(name, kernel, "[..., L]")
+
+
 def cosine_similarity(x: Tensor, y: Tensor) -> Tensor:
-    """Cosine similarity of kernels along the last dimension (float64): ``x.y / (|x| |y|)``."""
+    """Cosine similarity of kernels along the last dimension (float64): ``x.y / (|x| |y|)``.
+
+    Args:
+        x, y: real tensors ``[..., d]`` (broadcastable, ``d >= 1``).
+
+    Returns:
+        float64 ``[...]`` in [-1, 1].
+
+    Raises:
+        TypeError / ValueError: not real tensors, an empty dimension, or a zero vector (its direction, and
+            so the cosine, is undefined: 0/0).
+    """
+    _check_weights(x, "x")
+    _check_weights(y, "y")
     x, y = x.to(torch.float64), y.to(torch.float64)
-    return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm(dim=-1))
+    norms = x.norm(dim=-1) * y.norm(dim=-1)
+    if bool((norms == 0).any()):
+        raise ValueError("x or y holds a zero vector: its cosine similarity is undefined (0/0)")
+    return (x * y).sum(-1) / norms
 
 
 def linear_noise_ratio(kernel: Tensor, offset: int) -> Tensor:
@@ -687,11 +725,19 @@ def linear_noise_ratio(kernel: Tensor, offset: int) -> Tensor:
 
     Returns:
         ``[...]`` float64.
+
+    Raises:
+        TypeError / ValueError: ``kernel`` not a real tensor ``[..., L]`` with every size >= 1, an offset
+            beyond ``L - 2``, or a kernel whose weight on the target is 0 (the ratio divides by it).
     """
     offset = check_int("offset", offset, minimum=1)
+    _check_weights(kernel)
     seq_len = kernel.shape[-1]
     if offset > seq_len - 2:
         raise ValueError(f"offset must be <= seq_len - 2 = {seq_len - 2}; got offset={offset}")
     s = kernel[..., :-1].to(torch.float64)
     target = s[..., seq_len - 1 - offset]
+    if bool((target == 0).any()):
+        raise ValueError(f"kernel has weight 0 on the target (position L-1-k = {seq_len - 1 - offset}) in some row: "
+                         "the noise ratio divides by it")
     return ((s ** 2).sum(-1) - target ** 2) / target ** 2

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_fits, check_int, check_positive_float, per_model_ints
+from ._validate import check_device, check_fits, check_int, check_nonempty, check_positive_float, per_model_ints
 from .seeding import generator
 from .models import KernelHead, Transformer
 from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
@@ -24,6 +24,33 @@ from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 def default_device() -> torch.device:
     """CUDA when available, else the CPU (everything in the book runs on CPU)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextmanager
+def unchanged_on_failure(model):
+    """Run the block; if it raises (anything, Ctrl-C included), put ``model`` back as it was before it.
+
+    The trainers move the caller's model to the training device and update its weights in place; a call
+    that fails half way (a callback that raises, an interrupt, a model that overflows at some length) would
+    leave it moved and half trained. This restores its device, every parameter, gradient and buffer, and
+    its train/eval mode, then re-raises. The copy is taken once per call (the models are small), never
+    per step.
+    """
+    device, training = model.device, model.training
+    params = [(p.detach().clone(), None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
+    buffers = [b.detach().clone() for b in model.buffers()]
+    try:
+        yield
+    except BaseException:
+        model.to(device)
+        with torch.no_grad():
+            for p, (value, grad) in zip(model.parameters(), params):
+                p.copy_(value)
+                p.grad = grad
+            for b, value in zip(model.buffers(), buffers):
+                b.copy_(value)
+        model.train(training)
+        raise
 
 
 THREADS_ENV = "LENGTHGEN_THREADS"
@@ -111,7 +138,14 @@ def cpu_threads(n: int | None):
 
 
 def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Per-model mean cross-entropy: ``logits [M, B, V]``, ``targets [M, B]`` -> ``[M]``."""
+    """Per-model mean cross-entropy: ``logits [M, B, V]``, ``targets [M, B]`` -> ``[M]``.
+
+    Raises:
+        ValueError: ``logits`` is not ``[M, B, V]`` with every size >= 1 (a mean over no sequence is NaN).
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits must have shape [M, B, V]; got {tuple(logits.shape)}")
+    check_nonempty("logits", logits, "[M, B, V]")
     m, b, v = logits.shape
     return F.cross_entropy(logits.reshape(m * b, v), targets.reshape(m * b), reduction="none").view(m, b).mean(1)
 
@@ -140,7 +174,8 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         fixed_length: train only at ``train_len``.
         weight_decay: decoupled weight decay (AdamW); 0 gives plain Adam.
         seed: seeds the data stream (lengths and tokens); model seeds live in the model.
-        device: defaults to :func:`default_device`.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``; defaults to :func:`default_device`.
+            Checked before any work (:func:`~lengthgen_utils._validate.check_device`).
         progress: show a progress bar; ``None`` shows one for runs of 5000+ steps.
         min_train_len: shortest training length (variable-length training only); default
             the shortest length every task allows, ``max(offset) + 2``. An ensemble whose
@@ -152,10 +187,13 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
             1-based step number and the models' losses ``[M]`` (detached), e.g. to drive a progress widget.
 
     Returns:
-        loss history ``[steps, M]`` (float32, on CPU): each model's training loss per step.
+        loss history ``[steps, M]`` (float32, on CPU): each model's training loss per step. The model is
+        trained in place and left on ``device``; if the call fails, it is left as it was
+        (:func:`unchanged_on_failure`).
 
     Raises:
-        ValueError / TypeError: a size or rate out of range, or ``train_len`` too short for an offset.
+        ValueError / TypeError: a size or rate out of range, ``train_len`` too short for an offset, or a
+            device this machine cannot compute on (a typo, ``"cuda"`` without CUDA, ``"meta"``).
     """
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -175,9 +213,9 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     min_len = max(t.min_seq_len for t in tasks)
     if min_train_len is not None:
         min_len = check_int("min_train_len", min_train_len, minimum=min_len, maximum=train_len)
-    device = torch.device(device) if device is not None else default_device()
+    device = check_device(device)
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
-    with cpu_threads(threads):
+    with cpu_threads(threads), unchanged_on_failure(model):
         return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
                            seed, device, progress, min_len, callback)
 
@@ -235,7 +273,14 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
 
 
 def ensemble_squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
-    """Per-model mean squared loss ``||o - e(y)||^2``: ``outputs [M, B, V]``, ``targets [M, B]`` -> ``[M]``."""
+    """Per-model mean squared loss ``||o - e(y)||^2``: ``outputs [M, B, V]``, ``targets [M, B]`` -> ``[M]``.
+
+    Raises:
+        ValueError: ``outputs`` is not ``[M, B, V]`` with every size >= 1 (a mean over no sequence is NaN).
+    """
+    if outputs.dim() != 3:
+        raise ValueError(f"outputs must have shape [M, B, V]; got {tuple(outputs.shape)}")
+    check_nonempty("outputs", outputs, "[M, B, V]")
     one_hot = F.one_hot(targets, outputs.shape[-1]).to(outputs.dtype)
     return ((outputs - one_hot) ** 2).sum(-1).mean(1)
 
@@ -270,8 +315,9 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
 
     Raises:
         ValueError / TypeError: bad sizes, a seed list whose length is not ``M`` (the package's one
-            per-model check, :func:`~lengthgen_utils._validate.per_model_ints`), or different per-model
-            seeds for a model other than a ``KernelHead``.
+            per-model check, :func:`~lengthgen_utils._validate.per_model_ints`), different per-model
+            seeds for a model other than a ``KernelHead``, or a device this machine cannot compute on.
+            A call that fails leaves the model as it was (:func:`unchanged_on_failure`).
     """
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -289,8 +335,8 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
     for t in tasks:
         check_fits("train_len", train_len, t.check_seq_len)
     min_len = max(t.min_seq_len for t in tasks)
-    device = torch.device(device) if device is not None else default_device()
-    with cpu_threads(default_cpu_threads(model) if device.type == "cpu" else None):
+    device = check_device(device)
+    with cpu_threads(default_cpu_threads(model) if device.type == "cpu" else None), unchanged_on_failure(model):
         return _train_squared_loss_loop(model, tasks, seeds, per_model, steps, batch_size, lr, train_len, min_len,
                                         device)
 
@@ -366,6 +412,11 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
 
     Returns:
         loss history ``[steps, M]`` on CPU.
+
+    Raises:
+        ValueError / TypeError: a size or rate out of range, a task whose vocabulary is not the model's, or
+            a device this machine cannot compute on. A call that fails leaves the model as it was
+            (:func:`unchanged_on_failure`).
     """
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -375,9 +426,9 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     train_len = check_fits("train_len", train_len, shared_task(task).check_seq_len)
     if task.n_tokens != model.config.vocab_size:
         raise ValueError(f"task input vocabulary {task.n_tokens} differs from model vocab_size={model.config.vocab_size}")
-    device = torch.device(device) if device is not None else default_device()
+    device = check_device(device)
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
-    with cpu_threads(threads):
+    with cpu_threads(threads), unchanged_on_failure(model):
         return _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
                                     progress)
 

@@ -51,8 +51,9 @@ def eval_choices(train_len: int) -> tuple[int, ...]:
 
 
 def _figure_output(fig) -> dict:
-    """A Jupyter ``display_data`` output holding plotly's JSON (what ``Output.outputs`` stores)."""
-    fig_dict = plots.fit_to_column(fig)
+    """A Jupyter ``display_data`` output holding plotly's JSON (what ``Output.outputs`` stores), strict JSON
+    (:func:`~lengthgen_utils.plots.strict_json`: NaN written as ``null``)."""
+    fig_dict = plots.strict_json(plots.fit_to_column(fig))
     return {"output_type": "display_data", "metadata": {},
             "data": {"application/vnd.plotly.v1+json": {"data": fig_dict["data"], "layout": fig_dict["layout"],
                                                         "config": {"responsive": True, "displaylogo": False}},

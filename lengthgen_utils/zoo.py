@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence
+from ._validate import check_int, check_int_sequence, normalize_numbers
 from .seeding import generator
 from .cache import load_or_run
 from .configs import RetrievalExperiment, TransformerExperiment, transformer_experiment
@@ -104,6 +104,7 @@ class TestTimeEncoding:
     pe: Encoding
 
     def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "pe", get_encoding(self.pe))
         if not isinstance(self.trained, (RetrievalExperiment, TransformerExperiment)):
             raise TypeError(f"trained must be a RetrievalExperiment or TransformerExperiment; got "

@@ -129,7 +129,10 @@ def test_memoised_rope_tables_equal_apply_rope_bit_for_bit():
 
     cos, sin = rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))
     assert torch.equal(rotate_pairs(x, cos, sin), apply_rope(x, torch.arange(40) + 1000))
-    assert rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))[0] is cos  # memoised
+    hits = rope_cos_sin.cache_info().hits
+    again = rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))[0]
+    assert rope_cos_sin.cache_info().hits == hits + 1  # memoised
+    assert torch.equal(again, cos) and again is not cos  # and each caller gets its own copy (reliability III, 10)
     with pytest.raises(ValueError, match="d_head"):
         rope_cos_sin(8, 15)
 

@@ -229,3 +229,19 @@ def test_gradient_descent_closed_form_is_finite_at_a_step_size_on_the_edge(nudge
         iterate = iterate - lr * 2 * (h @ iterate - b)
     assert torch.isfinite(c).all()
     torch.testing.assert_close(c, iterate, rtol=1e-9, atol=1e-12)
+
+
+def test_starting_a_run_removes_its_own_records_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setenv(scoreboard.CLAIMS_ENV, str(tmp_path))
+    monkeypatch.setenv(scoreboard.RUN_ENV, "build-x")
+    scoreboard.record_claim("C1", "reproduced", "x", {"n": 1}, chapter="chapters/01_retrieval_task")
+    c = checks.Checks("chapters/01_retrieval_task")
+    c.at_least("a", 1, 0)
+    c.finish()
+    mine = tmp_path / "build-x" / "notes.json"
+    mine.write_text('{"a user": "file"}')
+    (tmp_path / "other-run").mkdir()
+    (tmp_path / "other-run" / "C1.json").write_text("{}")
+    assert scoreboard.clear_run() == 2
+    assert mine.exists() and (tmp_path / "other-run" / "C1.json").exists()
+    assert not (tmp_path / "build-x" / "C1.json").exists()
