@@ -929,7 +929,7 @@
       }
     });
     data.push({ type: "scatter", x: d.candidates, y: d.candidates.map(() => d.yLow + 0.5), mode: "markers",
-                name: `candidate aliases: where pairs ${d.pairs.join(", ")} recur`,
+                name: `candidate aliases (pairs ${d.pairs.join(", ")} recur)`,
                 marker: { color: "#555", size: 9, symbol: "line-ns-open", line: { width: 1 } },
                 hovertemplate: "candidate d=%{x}<extra></extra>" });
     const layout = JSON.parse(JSON.stringify(base));
@@ -1062,7 +1062,7 @@
       const what = this.describe(values);
       this.say(`The page is training: ${what}. 0%`, "training");
       const t0 = performance.now();
-      const nWorkers = Math.max(1, Math.min(2, navigator.hardwareConcurrency || 1));
+      const nWorkers = job.models.length >= 4 ? Math.max(1, Math.min(2, navigator.hardwareConcurrency || 1)) : 1;
       const run = runParallel(job, nWorkers, (f) => {
         this.progress.value = f;
         this.say(`The page is training: ${what}. ${Math.floor(f * 100)}%`, "training");

@@ -616,7 +616,7 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
                                                                          line=dict(width=3, color=color)),
                                      hovertemplate=f"accuracy < 0.95 from L={fail}<extra></extra>"))
     fig.add_trace(go.Scatter(x=candidates, y=[y_low + 0.5] * len(candidates), mode="markers",
-                             name=f"candidate aliases: where pairs {', '.join(str(p) for p in pairs)} recur",
+                             name=f"candidate aliases (pairs {', '.join(str(p) for p in pairs)} recur)",
                              marker=dict(color="#555", size=9, symbol="line-ns-open", line=dict(width=1)),
                              hovertemplate="candidate d=%{x}<extra></extra>"))
     fig.add_shape(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=-tolerance, y1=-tolerance,
