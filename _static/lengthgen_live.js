@@ -939,11 +939,15 @@
   }
 
   // ------------------------------------------------------------------ the panel
+  const SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹";
+
+  /** A slider value as the panel writes it (the RoPE base: 10, 17.8, 316, 1.8×10⁴, 10⁵; live._base_text). */
   function fmt(control, value) {
     if (control.format === "base") {
       if (value >= 1000) {
         const e = Math.floor(Math.log10(value) + 1e-9), m = value / Math.pow(10, e);
-        return (Math.abs(m - 1) < 1e-9 ? "" : `${m.toPrecision(2)}×`) + `10^${e}`;
+        const power = "10" + String(e).split("").map((c) => SUPERSCRIPT[Number(c)]).join("");
+        return (Math.abs(m - 1) < 1e-9 ? "" : `${m.toPrecision(2)}×`) + power;
       }
       return value >= 100 ? String(Math.round(value)) : String(Number(value.toPrecision(3)));
     }
@@ -975,7 +979,7 @@
         row.className = "lg-live-control";
         const name = document.createElement("span");
         name.className = "lg-live-name";
-        name.textContent = c.label;
+        name.innerHTML = c.label;  // the book's own text (e.g. d<sub>head</sub>)
         const input = document.createElement("input");
         input.type = "range";
         input.min = "0";
@@ -983,7 +987,7 @@
         input.step = "1";
         input.value = String(Math.max(0, c.values.indexOf(this.values[c.name])));
         input.dataset.name = c.name;
-        input.setAttribute("aria-label", c.label);
+        input.setAttribute("aria-label", name.textContent);
         const out = document.createElement("output");
         out.className = "lg-live-value";
         const show = () => {

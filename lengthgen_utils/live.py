@@ -117,7 +117,7 @@ def live_panel(kind: str, initial_figure, controls, initial: dict, fixed: dict, 
             the setting ``initial``.
         controls: the sliders, in order: dicts with ``name``, ``label`` (shown beside the slider),
             ``values`` (the numbers the slider steps through) and optionally ``format`` (``"base"``:
-            powers of ten written as ``10^4``).
+            powers of ten written as ``10⁴``).
         initial: ``{name: value}`` for every control: the setting the static figure shows (the page
             shows the static figure again when the sliders come back to it).
         fixed: the training recipe and evaluation settings of the kind (numbers and lists, JSON).
@@ -261,14 +261,15 @@ def accuracy_panel(results: dict, n_seeds: int = 3, offsets=range(1, 16), train_
 # ---------------------------------------------------------------------------------- chapter 4
 KERNEL_TITLE = "Kernel of RoPE heads, base {base}, d<sub>head</sub> = {d_head}, k = {k}"
 BASES = tuple(10 ** (1 + i / 4) for i in range(17))  # 10 .. 10^5, four steps a decade
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def _base_text(base: float) -> str:
-    """The RoPE base as the panel writes it: ``10^4`` for a power of ten, else three digits (the script's rule)."""
+    """The RoPE base as the panel writes it: ``10⁴`` or ``1.8×10⁴`` from 1000 on, else three digits (the script's rule)."""
     if base >= 1000:
         e = math.floor(math.log10(base) + 1e-9)
         m = base / 10 ** e
-        return ("" if abs(m - 1) < 1e-9 else f"{float(f'{m:.2g}'):g}×") + f"10^{e}"
+        return ("" if abs(m - 1) < 1e-9 else f"{float(f'{m:.2g}'):g}×") + "10" + str(e).translate(SUPERSCRIPT)
     return str(round(base)) if base >= 100 else f"{float(f'{base:.3g}'):g}"
 
 
@@ -385,7 +386,7 @@ def kernel_panel(model, offsets, lengths, accuracy, experiment, offset: int = 3,
         "title": KERNEL_TITLE.replace("{k}", str(offset)),
     }
     controls = [{"name": "base", "label": "RoPE base", "values": bases, "format": "base"},
-                {"name": "d_head", "label": "d_head", "values": d_heads}]
+                {"name": "d_head", "label": "d<sub>head</sub>", "values": d_heads}]
     return live_panel("kernel", figure, controls, {"base": base, "d_head": model.config.d_head}, fixed, text)
 
 

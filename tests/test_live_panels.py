@@ -138,7 +138,7 @@ def test_kernel_panel_draws_each_heads_kernel_aliases_and_first_failure_from_the
     assert config["fixed"]["max_distance"] == 127 and config["fixed"]["steps"] == 11
     assert [c["name"] for c in config["controls"]] == ["base", "d_head"]
     assert config["controls"][0]["values"][0] == 10 and config["controls"][0]["values"][-1] == 1e5
-    assert "base 10^4" in html.unescape(panel.figure["layout"]["title"]["text"])
+    assert "base 10⁴" in html.unescape(panel.figure["layout"]["title"]["text"])
 
 
 def test_kernel_panel_refuses_what_it_cannot_draw():
@@ -156,7 +156,7 @@ def test_kernel_panel_refuses_what_it_cannot_draw():
         live.kernel_panel(RetrievalHead(n_models=2), [3, 3], [16, 32], torch.ones(2, 3), exp, n_seeds=2)
 
 
-@pytest.mark.parametrize("base, text", [(10.0, "10"), (10 ** 1.25, "17.8"), (10 ** 2.5, "316"), (1e4, "10^4"),
-                                        (10 ** 4.25, "1.8×10^4"), (1e5, "10^5")])
+@pytest.mark.parametrize("base, text", [(10.0, "10"), (10 ** 1.25, "17.8"), (10 ** 2.5, "316"), (1e4, "10⁴"),
+                                        (10 ** 4.25, "1.8×10⁴"), (1e5, "10⁵")])
 def test_the_base_is_written_as_the_page_writes_it(base, text):
     assert live._base_text(base) == text

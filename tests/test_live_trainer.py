@@ -288,7 +288,7 @@ def test_the_pages_figures_draw_the_packages_traces(page):
 
     rel = rng.normal(-6, 4, (3, 300))
     args = dict(aliases=[40, None, 77], failures=[64, None, 128], candidates=[20, 40, 77, 100], pairs=[0, 1],
-                train_len=16, longest_tested=256, title="Kernel of RoPE heads, base 10^4, d<sub>head</sub> = 16, k = 3")
+                train_len=16, longest_tested=256, title="Kernel of RoPE heads, base 10⁴, d<sub>head</sub> = 16, k = 3")
     py = plots.fit_to_column(plots.alias_kernel_figure(rel, **args))
     seeds = [{"rel": r.tolist(), "alias": a, "fail": f} for r, a, f in zip(rel, args["aliases"], args["failures"])]
     js = page.evaluate("""([d, layout, fit]) => window.LengthgenLive.kernelFigure(d, layout, fit)""",
