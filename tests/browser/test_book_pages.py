@@ -474,3 +474,23 @@ def test_live_panels_fit_the_column(browser, page_name, width):
         assert not errors and not blocked, (errors, blocked)
     finally:
         page.context.close()
+
+
+@needs_browser
+@pytest.mark.parametrize("page_name", LIVE_PAGES)
+def test_live_panels_read_without_javascript(browser, page_name):
+    """With JavaScript off a live panel is its status line, saying what the precomputed figure shows, and a note
+    that the sliders need JavaScript: no slider, no progress bar, nothing that would not work."""
+    context = browser.new_context(java_script_enabled=False, viewport={"width": 1300, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto((HTML / f"{page_name}.html").as_uri(), wait_until="load")
+        for p in range(page.locator(".lg-live").count()):
+            panel = page.locator(".lg-live").nth(p)
+            assert panel.locator("input, progress").count() == 0
+            status = panel.locator(".lg-live-status")
+            assert status.is_visible() and status.inner_text().startswith("Computed when the book was built")
+            note = panel.locator(".lg-live-note")
+            assert note.is_visible() and "need JavaScript" in note.inner_text()
+    finally:
+        context.close()
