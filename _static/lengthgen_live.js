@@ -1196,7 +1196,7 @@
     });
   }
 
-  window.LengthgenLive = { core, lengthgenCore, newWorker, runParallel, accuracyFigure, kernelFigure, wrapText };
+  window.LengthgenLive = { core, lengthgenCore, newWorker, runParallel, accuracyFigure, kernelFigure, wrapText, fmt };
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
 })();

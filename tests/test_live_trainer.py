@@ -298,6 +298,15 @@ def test_the_pages_figures_draw_the_packages_traces(page):
     _same_figure(py, js)
 
 
+def test_the_page_writes_the_base_and_wraps_titles_as_the_package_does(page):
+    """Every base of chapter 4's slider is written alike in the static title (Python) and the retrained one
+    (JavaScript), and a long title wraps to the same lines."""
+    js = page.evaluate("(bases) => bases.map((b) => window.LengthgenLive.fmt({format: 'base'}, b))", list(live.BASES))
+    assert js == [live._base_text(b) for b in live.BASES]
+    title = "Kernel of RoPE heads, base 1.8×10⁴, d<sub>head</sub> = 32, k = 3: a title long enough to wrap twice"
+    assert page.evaluate("(t) => window.LengthgenLive.wrapText(t, 42)", title) == plots.wrap_text(title, 42)
+
+
 def _array(value) -> np.ndarray:
     """A trace's array as plotly's JSON holds it: a list, or a base64 typed array ``{"dtype", "bdata"}``."""
     if isinstance(value, dict) and "bdata" in value:
