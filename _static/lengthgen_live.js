@@ -854,8 +854,9 @@
 
   function seedNote(title, nSeeds, minSeeds) {
     if (nSeeds >= minSeeds) return title;
-    const said = `${nSeeds} seed${nSeeds !== 1 ? "s" : ""}`;
-    return title.includes(said) ? title.replace(said, `${said} (fewer than ${minSeeds})`)
+    const said = `${nSeeds} seed${nSeeds !== 1 ? "s" : ""}`;  // plots.seed_note's rule
+    const pattern = new RegExp(`(?<![\\d.])${said}\\b`);
+    return pattern.test(title) ? title.replace(pattern, `${said} (fewer than ${minSeeds})`)
       : `${title} (${said}: fewer than ${minSeeds})`;
   }
 
@@ -1149,8 +1150,9 @@
           label: f.labels[pe], color: f.colors[pe], lengths,
           accuracy: results.filter((r) => r.pe === pe).map((r) => r.accuracy),
         }));
+        const n = values.n_seeds;
         const title = this.config.text.title.replace("{k}", values.offset).replace("{T}", T)
-          .replace("{n}", values.n_seeds).replace("{steps}", f.steps);
+          .replace("{n} seeds", n === 1 ? "1 seed" : `${n} seeds`);
         return accuracyFigure(curves, f.chance, f.chance_text, T, title, base, fit);
       }
       const seeds = results.map((r) => {

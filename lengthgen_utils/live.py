@@ -230,7 +230,7 @@ def accuracy_panel(results: dict, n_seeds: int = 3, offsets=range(1, 16), train_
     train_lens = check_int_sequence("train_lens", train_lens, minimum=3)
     seeds = check_int_sequence("seeds", seeds, minimum=1)
     k, T = exp.offset, exp.train_len
-    title = ACCURACY_TITLE.format(k=k, T=T, n=n_seeds)
+    title = ACCURACY_TITLE.format(k=k, T=T, n=n_seeds).replace("1 seeds", "1 seed")  # as the page writes it
     curves = {}
     for pe, r in results.items():  # the columns at 1x .. 16x (the full profile evaluates further)
         cols = [r.experiment.length_multiples.index(m) for m in MULTIPLES]

@@ -305,6 +305,15 @@ def test_the_page_writes_the_base_and_wraps_titles_as_the_package_does(page):
     assert js == [live._base_text(b) for b in live.BASES]
     title = "Kernel of RoPE heads, base 1.8×10⁴, d<sub>head</sub> = 32, k = 3: a title long enough to wrap twice"
     assert page.evaluate("(t) => window.LengthgenLive.wrapText(t, 42)", title) == plots.wrap_text(title, 42)
+    for n in (1, 3, 12):  # the seed note of accuracy_vs_length's title
+        py = plots.accuracy_vs_length({"rope": ([16, 32], np.ones((n, 2)))}, 1 / 16, 16,
+                                      live.ACCURACY_TITLE.format(k=3, T=16, n=n).replace("1 seeds", "1 seed"))
+        js = page.evaluate("""([n, title, layout, fit]) => window.LengthgenLive.accuracyFigure(
+            [{label: "RoPE", color: "#1f77b4", lengths: [16, 32], accuracy: Array(n).fill([1, 1])}], 1 / 16,
+            "chance = 0.062", 16, title, layout, fit).layout.title.text""",
+                           [n, live.ACCURACY_TITLE.format(k=3, T=16, n=n).replace("1 seeds", "1 seed"), {},
+                            live._fit_constants()])
+        assert js == plots.fit_to_column(py)["layout"]["title"]["text"], (n, js)
 
 
 def _array(value) -> np.ndarray:
