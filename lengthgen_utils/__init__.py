@@ -15,7 +15,9 @@ Data flows one way::
 * ``configs`` / ``profiles`` / ``runners`` / ``cache``: experiments as frozen dataclasses, the compute
   profiles, the functions that run an experiment through the results cache;
 * ``zoo``: every position encoding through the same tasks and probes (chapter 9), over the runners;
-* ``plots`` / ``widgets``: plotly figures and ipywidgets panels (the only modules that import them).
+* ``plots`` / ``widgets``: plotly figures and ipywidgets panels (the only modules that import them);
+* ``live``: the web book's live panels, a precomputed figure that the page's own script
+  (``_static/lengthgen_live.js``) retrains in the reader's browser.
 
 The book's appendix "How the package is built" draws the same map and gives the recipes for
 adding a position encoding and a task.

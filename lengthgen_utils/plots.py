@@ -568,6 +568,92 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
     return fig
 
 
+def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_len: int, longest_tested: int,
+                        title: str, tolerance: float = 1.0, y_range=(-12.0, 8.0)) -> go.Figure:
+    """A RoPE head's kernel over a long range, relative to its target, with the aliases the frequency set predicts.
+
+    One line per seed: ``s(-d) - s(-k)`` (nats) against the distance ``d = 1 .. n`` on a log axis; a key
+    above the dotted line ``-tolerance`` gets at least ``exp(-tolerance)`` of the target's weight (an
+    alias, :func:`~lengthgen_utils.kernel.first_alias_distance`). The candidate distances where the
+    seeds' dominant pairs recur (:func:`~lengthgen_utils.kernel.predicted_alias_distance`) are a rug of
+    ticks at the bottom; each seed's predicted first alias is a ring on its line (on the top edge when
+    higher), and its first failing length ``L`` (the first evaluated length with accuracy below 0.95) a cross at the top, at
+    ``d = L - 1``, the farthest key a sequence of that length holds. The live panel of chapter 4 draws
+    the same traces in the browser (``_static/lengthgen_live.js``, ``kernelFigure``).
+
+    Args:
+        relative: ``[n_seeds, n]`` float, column ``d - 1`` holding ``s(-d) - s(-k)`` (nats).
+        aliases: per seed, the predicted first alias distance (int) or None.
+        failures: per seed, the first failing length (int) or None (none up to ``longest_tested``).
+        candidates: candidate alias distances (ints in ``1 .. n``), increasing.
+        pairs: the dominant pair indices the candidates come from (named in the legend).
+        train_len: the training length (a dashed line at ``d = train_len - 1``, the window's edge).
+        longest_tested: the longest evaluated length (tokens).
+        title: figure title.
+        tolerance: nats below the target that count as an alias (> 0).
+        y_range: ``(low, high)`` of the y axis (nats): far keys can lie tens of nats above the target, and a
+            fixed range keeps the threshold readable (higher values leave the plot at its top edge).
+
+    Returns:
+        a plotly ``Figure``.
+
+    Raises:
+        ValueError / TypeError: ``relative`` is not 2-d, ``aliases`` or ``failures`` do not hold one int or
+            None per seed, a candidate lies outside ``1 .. n``, or ``train_len < 2``.
+    """
+    rel = np.asarray(relative, dtype=float)
+    if rel.ndim != 2 or rel.shape[1] < 2:
+        raise ValueError(f"relative must be [n_seeds, n >= 2]; got shape {rel.shape}")
+    n_seeds, n = rel.shape
+    aliases = per_model("aliases", aliases, n_seeds, _int_or_none, shared=False)
+    failures = per_model("failures", failures, n_seeds, _int_or_none, shared=False)
+    candidates = [check_int("candidates", c, minimum=1, maximum=n) for c in candidates]
+    train_len = check_int("train_len", train_len, minimum=2)
+    distances = np.arange(1, n + 1)
+    y_low, top = (float(v) for v in y_range)
+    if not y_low < -tolerance < top - 1:
+        raise ValueError(f"y_range must hold the threshold -tolerance = {-tolerance:g} with a nat to spare above; "
+                         f"got {y_range!r}")
+    fig = go.Figure()
+    for i, row in enumerate(rel):
+        color = SEED_COLORS[i % len(SEED_COLORS)]
+        alias, fail = aliases[i], failures[i]
+        said_alias = "no alias" if alias is None else f"alias {alias}"
+        said_fail = f"holds to {longest_tested}" if fail is None else f"fails at L = {fail}"
+        fig.add_trace(go.Scatter(x=distances, y=row, mode="lines", name=f"seed {i}: {said_alias}, {said_fail}",
+                                 line=dict(color=color, width=1.2), legendgroup=f"seed{i}",
+                                 hovertemplate="d=%{x}: %{y:.2f} nats<extra></extra>"))
+        if alias is not None:
+            fig.add_trace(go.Scatter(x=[alias], y=[min(float(row[alias - 1]), top - 1)], mode="markers",
+                                     showlegend=False,
+                                     legendgroup=f"seed{i}", marker=dict(color=color, size=11, symbol="circle-open",
+                                                                         line=dict(width=2.5)),
+                                     hovertemplate=f"first alias: d={alias}<extra></extra>"))
+        if fail is not None:
+            fig.add_trace(go.Scatter(x=[fail - 1], y=[top - 0.4], mode="markers", showlegend=False,
+                                     legendgroup=f"seed{i}", marker=dict(color=color, size=12, symbol="x-thin",
+                                                                         line=dict(width=3, color=color)),
+                                     hovertemplate=f"accuracy < 0.95 from L={fail}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=candidates, y=[y_low + 0.5] * len(candidates), mode="markers",
+                             name=f"candidate aliases (pairs {', '.join(str(p) for p in pairs)} recur)",
+                             marker=dict(color="#555", size=9, symbol="line-ns-open", line=dict(width=1)),
+                             hovertemplate="candidate d=%{x}<extra></extra>"))
+    fig.add_shape(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=-tolerance, y1=-tolerance,
+                  line=dict(color="black", dash="dot", width=1.5))
+    fig.add_shape(type="line", xref="x", x0=train_len - 1, x1=train_len - 1, yref="y domain", y0=0, y1=1,
+                  line=dict(color="gray", dash="dash", width=1))
+    fig.add_annotation(text=f"{tolerance:g} nat below the target", showarrow=False, xref="x domain", x=1,
+                       xanchor="right", yref="y", y=-tolerance, yanchor="top", bgcolor="rgba(255,255,255,0.7)")
+    fig.add_annotation(text="training<br>window", showarrow=False, xref="x", x=float(np.log10(train_len - 1)),
+                       xanchor="right", yref="y domain", y=1, yanchor="top", bgcolor="rgba(255,255,255,0.7)")
+    ticks = [4 ** e for e in range(int(np.log(n) / np.log(4)) + 1)]
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="distance d = −D (tokens, log scale)", type="log", range=[0, float(np.log10(n))],
+                     tickvals=ticks, ticktext=[str(t) for t in ticks])
+    fig.update_yaxes(title="s(−d) − s(−k) (nats)", range=[y_low, top])
+    return fig
+
+
 def _distractor_ratio(p):
     return 1.0 / np.clip(p, 1e-300, None) - 1.0
 

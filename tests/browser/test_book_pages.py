@@ -8,6 +8,12 @@ ipywidgets placeholder may be left unrendered. Each page is screenshotted in
 light and dark mode into ``artifacts/screenshots/``; in dark mode every
 figure must keep its white paper background (readable lines and labels).
 
+The live panels (lengthgen_utils.live) are tested on their pages: each slider, moved with the keyboard,
+must make the page retrain in its Web Worker and redraw a different, finite figure, both when the page
+is opened from ``file://`` and over http; a setting with no task must be explained, not drawn; panels
+must fit the column at 1280 px and 400 px; no request may leave the page. The measured retrain times are
+printed at the end (run pytest with ``-s`` to see them).
+
 It needs the built book and Chromium, so it runs only when
 ``LENGTHGEN_BROWSER_TEST=1`` (set by ``.ci/run`` after building the book with
 ``LENGTHGEN_PROFILE=quick jupyter-book build .``); then a missing build or
@@ -269,3 +275,222 @@ def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, widt
         assert not problems, f"{page_name} at {width} px:\n  " + "\n  ".join(problems[:40])
     finally:
         page.context.close()
+
+
+# ---------------------------------------------------------------------------------- live panels
+# Pages with live panels (lengthgen_utils.live): sliders that retrain the model in the page's Web Worker.
+LIVE_PAGES = ("chapters/01_retrieval_task", "chapters/04_carrier_kernel")
+LIVE_TIMES: list[str] = []  # measured retrain times, printed at the end of the module
+
+
+@pytest.fixture(scope="module")
+def http_book():
+    """The built book served over http from 127.0.0.1 (a thread of this process): the page's origin."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(HTML)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    if LIVE_TIMES:
+        print("\nlive panel retrain times (headless Chromium):\n  " + "\n  ".join(LIVE_TIMES))
+
+
+def open_live_page(browser, page_name: str, origin: str | None, width: int = 1300):
+    """Open a built page from ``file://`` (origin None) or over http; returns (page, errors, blocked requests).
+
+    Every request that leaves the page's origin is refused and recorded (a ``blob:`` URL, the training worker's
+    script made from the page's own text, stays in the page)."""
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    page = context.new_page()
+    errors, blocked = [], []
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("worker", lambda w: w.on("console", lambda m: errors.append(f"worker {m.type}: {m.text}")
+                                     if m.type == "error" else None))
+    own = "file://" if origin is None else origin + "/"
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(own) or url.startswith("blob:"):
+            r.continue_()
+        else:
+            blocked.append(url)
+            r.abort()
+
+    page.route("**/*", route)
+    url = (HTML / f"{page_name}.html").as_uri() if origin is None else f"{origin}/{page_name}.html"
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => document.querySelectorAll('.lg-live.lg-live-ready').length === "
+                           "document.querySelectorAll('.lg-live').length", timeout=20_000)
+    page.wait_for_timeout(1000)
+    return page, errors, blocked
+
+
+def figure_index(page, panel: int) -> int:
+    """Index, among the page's plotly figures, of live panel ``panel``'s figure (for SIGNATURE_JS)."""
+    return page.evaluate("(p) => Array.from(document.querySelectorAll('.js-plotly-plot')).indexOf("
+                         "document.querySelectorAll('.lg-live')[p].querySelector('.js-plotly-plot'))", panel)
+
+
+def press_slider(page, panel: int, name: str, key: str, timeout_ms: int = 120_000) -> dict:
+    """Press ``key`` on slider ``name`` of live panel ``panel`` (as a reader's keyboard does) and wait until the
+    panel has settled: retrained, shown a setting already trained, or explained a setting with no task."""
+    state = page.evaluate("(p) => { const r = document.querySelectorAll('.lg-live')[p];"
+                          " return [Number(r.dataset.retrains || 0), r.querySelector('.lg-live-status').textContent]; }",
+                          panel)
+    slider = page.locator(".lg-live").nth(panel).locator(f"input[data-name='{name}']")
+    slider.scroll_into_view_if_needed()
+    slider.focus()
+    start = page.evaluate("performance.now()")
+    slider.press(key)
+    page.wait_for_function("([p, n, text]) => { const r = document.querySelectorAll('.lg-live')[p];"
+                           " const s = r.querySelector('.lg-live-status').textContent;"
+                           " return r.dataset.state !== 'training' && (Number(r.dataset.retrains || 0) > n"
+                           " || (s !== text && r.dataset.state !== undefined)); }",
+                           arg=[panel, *state], timeout=timeout_ms, polling=100)
+    page.wait_for_function("(p) => document.querySelectorAll('.lg-live')[p].dataset.state !== 'training'", arg=panel)
+    out = page.evaluate("(p) => { const r = document.querySelectorAll('.lg-live')[p];"
+                        " return {state: r.dataset.state, retrains: Number(r.dataset.retrains || 0),"
+                        " ms: Number(r.dataset.lastRetrainMs || 0),"
+                        " status: r.querySelector('.lg-live-status').textContent}; }", panel)
+    out["elapsed_ms"] = page.evaluate("performance.now()") - start
+    out["retrained"] = out["retrains"] > state[0]
+    return out
+
+
+def figure_is_finite(page, index: int) -> bool:
+    return page.evaluate("(i) => document.querySelectorAll('.js-plotly-plot')[i]._fullData.every((t) =>"
+                         " Array.from(t.y || []).every((v) => v === null || Number.isFinite(Number(v))))", index)
+
+
+SLIDER_MOVES = {  # per live page and panel: (slider, key) in the order pressed
+    "chapters/01_retrieval_task": [[("offset", "ArrowRight"), ("train_len", "ArrowRight"), ("n_seeds", "ArrowRight")]],
+    "chapters/04_carrier_kernel": [[("base", "ArrowLeft"), ("d_head", "ArrowLeft")]],
+}
+
+
+@needs_browser
+@pytest.mark.parametrize("scheme", ["file", "http"])
+@pytest.mark.parametrize("page_name", LIVE_PAGES)
+def test_live_panels_retrain_in_the_page(browser, http_book, page_name, scheme):
+    """Each live slider, moved, makes the page train in its Web Worker (from file:// and over http), say so
+    while it trains, and redraw a different, finite figure; no request leaves the page, no error is logged.
+    From file:// every slider is moved; over http the first of each panel."""
+    page, errors, blocked = open_live_page(browser, page_name, None if scheme == "file" else http_book)
+    try:
+        panels = page.evaluate("document.querySelectorAll('.lg-live').length")
+        assert panels == len(SLIDER_MOVES[page_name]), f"{page_name}: {panels} live panels"
+        for p, moves in enumerate(SLIDER_MOVES[page_name]):
+            index = figure_index(page, p)
+            initial = page.evaluate(SIGNATURE_JS, index)
+            for name, key in moves if scheme == "file" else moves[:1]:
+                before = page.evaluate(SIGNATURE_JS, index)
+                out = press_slider(page, p, name, key)
+                assert out["state"] == "done" and out["retrained"], f"{page_name} panel {p}, {name}: {out}"
+                assert page.evaluate(SIGNATURE_JS, index) != before, f"{page_name} panel {p}: {name} moved, figure did not"
+                assert figure_is_finite(page, index)
+                LIVE_TIMES.append(f"{page_name} ({scheme}), {name}: {out['ms'] / 1000:.2f} s — {out['status']}")
+            if scheme == "file":  # back at the precomputed setting: the static figure again, no retrain
+                for name, key in reversed(moves):
+                    out = press_slider(page, p, name, "ArrowLeft" if key == "ArrowRight" else "ArrowRight")
+                assert not out["retrained"] and page.evaluate(SIGNATURE_JS, index) == initial, out
+        assert not errors, f"{page_name}: JavaScript errors: {errors}"
+        assert not blocked, f"{page_name}: requests that left the page: {blocked}"
+    finally:
+        page.context.close()
+
+
+@needs_browser
+def test_a_live_setting_with_no_task_is_explained_not_drawn(browser):
+    """Chapter 1's panel at an offset too large for the training length (k = 15, L_train = 8) trains nothing,
+    explains why in its status line and keeps a finite figure (dimmed); a valid setting trains again."""
+    page, errors, blocked = open_live_page(browser, "chapters/01_retrieval_task", None)
+    try:
+        index = figure_index(page, 0)
+        page.evaluate("""() => { const r = document.querySelectorAll('.lg-live')[0];
+            const set = (name, i) => { const s = r.querySelector(`input[data-name='${name}']`); s.value = String(i);
+                s.dispatchEvent(new Event('input', {bubbles: true})); };
+            set('train_len', 0); set('offset', 13); }""")  # training length 8, offset 14
+        out = press_slider(page, 0, "offset", "ArrowRight")  # offset 15
+        assert out["state"] == "invalid" and not out["retrained"], out
+        assert "No task for this setting" in out["status"] and "k = 15" in out["status"], out["status"]
+        assert "lg-live-stale" in page.evaluate("document.querySelectorAll('.lg-live')[0].className")
+        assert figure_is_finite(page, index)
+        page.evaluate("""() => { const s = document.querySelectorAll('.lg-live')[0].querySelector("input[data-name='offset']");
+            s.value = '3'; s.dispatchEvent(new Event('input', {bubbles: true})); }""")  # offset 4
+        out = press_slider(page, 0, "offset", "ArrowLeft")  # offset 3 at training length 8: a task
+        assert out["state"] == "done" and out["retrained"], out
+        assert "k = 3, training length 8" in out["status"] and figure_is_finite(page, index)
+        assert not errors and not blocked, (errors, blocked)
+    finally:
+        page.context.close()
+
+
+@needs_browser
+@pytest.mark.parametrize("width", [1280, 400])
+@pytest.mark.parametrize("page_name", LIVE_PAGES)
+def test_live_panels_fit_the_column(browser, page_name, width):
+    """At a desktop and a phone width every live panel, its sliders and its status line stay inside the text
+    column, and the retrained figure's text is neither clipped nor overlapping; light-mode screenshots of the
+    page before and after a retrain go to artifacts/screenshots/."""
+    page, errors, blocked = open_live_page(browser, page_name, None, width=width)
+    try:
+        stem = f"{page_name.replace('/', '__')}-live-{width}"
+        problems = []
+        for p, moves in enumerate(SLIDER_MOVES[page_name]):
+            panel = page.locator(".lg-live").nth(p)
+            panel.scroll_into_view_if_needed()
+            panel.screenshot(path=str(SCREENSHOTS / f"{stem}-{p}-static.png"))
+            out = press_slider(page, p, *moves[0])
+            assert out["state"] == "done", out
+            page.wait_for_timeout(300)
+            panel.screenshot(path=str(SCREENSHOTS / f"{stem}-{p}-retrained.png"))
+            fit = page.evaluate("""(p) => { const r = document.querySelectorAll('.lg-live')[p];
+                const box = r.getBoundingClientRect(), col = r.parentElement.getBoundingClientRect();
+                const out = [];
+                if (box.left < col.left - 1 || box.right > col.right + 1) out.push(`panel ${box.left}..${box.right} `
+                    + `outside the column ${col.left}..${col.right}`);
+                if (box.right > document.documentElement.clientWidth) out.push('panel wider than the window');
+                if (r.scrollWidth > r.clientWidth + 1) out.push(`panel content ${r.scrollWidth} px in ${r.clientWidth}`);
+                for (const el of r.querySelectorAll('.lg-live-control, .lg-live-status, .lg-live-progress, .js-plotly-plot')) {
+                    const b = el.getBoundingClientRect();
+                    if (b.width && (b.left < box.left - 1 || b.right > box.right + 1))
+                        out.push(`${el.className} ${b.left}..${b.right} outside the panel ${box.left}..${box.right}`);
+                }
+                return out; }""", p)
+            problems += [f"panel {p}: {x}" for x in fit]
+            index = figure_index(page, p)
+            problems += [f"panel {p} (retrained): {x}" for x in layout_problems(page.evaluate(TEXT_BOXES_JS, index))]
+            LIVE_TIMES.append(f"{page_name} at {width} px, {moves[0][0]}: {out['ms'] / 1000:.2f} s")
+        assert not problems, f"{page_name} at {width} px:\n  " + "\n  ".join(problems)
+        assert not errors and not blocked, (errors, blocked)
+    finally:
+        page.context.close()
+
+
+@needs_browser
+@pytest.mark.parametrize("page_name", LIVE_PAGES)
+def test_live_panels_read_without_javascript(browser, page_name):
+    """With JavaScript off a live panel is its status line, saying what the precomputed figure shows, and a note
+    that the sliders need JavaScript: no slider, no progress bar, nothing that would not work."""
+    context = browser.new_context(java_script_enabled=False, viewport={"width": 1300, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto((HTML / f"{page_name}.html").as_uri(), wait_until="load")
+        for p in range(page.locator(".lg-live").count()):
+            panel = page.locator(".lg-live").nth(p)
+            assert panel.locator("input, progress").count() == 0
+            status = panel.locator(".lg-live-status")
+            assert status.is_visible() and status.inner_text().startswith("Computed when the book was built")
+            note = panel.locator(".lg-live-note")
+            assert note.is_visible() and "need JavaScript" in note.inner_text()
+    finally:
+        context.close()
