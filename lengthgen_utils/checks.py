@@ -95,6 +95,31 @@ class Checks:
         v, t = _number(name, value), _number(name, threshold)
         return self._add(name, "<", v, t, t - v, v < t, code, detail)
 
+    def share(self, name: str, flags, *, at_least=None, at_most=None, code: bool = False) -> bool:
+        """Check a rate: the share of units (seeds, heads) for which ``flags`` holds, against ``at_least`` or
+        ``at_most`` (one of the two). The record keeps ``m of n`` in its detail.
+
+        A claim about a chaotic training run is a rate, not a certainty: "at least 12 of the 24 seeds", with
+        the share chosen from the rate measured over seed sets and CPUs (``python -m lengthgen_utils
+        robustness``) so that a run at that rate misses it rarely and a false claim fails it.
+
+        Args:
+            flags: booleans, one per unit (a bool tensor, array or list), at least one.
+
+        Raises:
+            TypeError / ValueError: not exactly one of ``at_least`` / ``at_most``; no units.
+        """
+        if (at_least is None) == (at_most is None):
+            raise TypeError(f"check {name!r}: give exactly one of at_least / at_most")
+        values = [bool(f) for f in (flags.tolist() if hasattr(flags, "tolist") else flags)]
+        if not values:
+            raise ValueError(f"check {name!r}: a share of no units is undefined")
+        m, n = sum(values), len(values)
+        detail = f"{m} of {n}"
+        if at_least is not None:
+            return self.at_least(name, m / n, at_least, code=code, detail=detail)
+        return self.at_most(name, m / n, at_most, code=code, detail=detail)
+
     def holds(self, name: str, condition, *, code: bool = False, detail=None) -> bool:
         """Check a yes/no statement (no margin: prefer :meth:`at_least` / :meth:`at_most` where a number decides).
 
@@ -122,8 +147,8 @@ class Checks:
             else:
                 lines.append(f"{tag:<11} {r['name']}: {_fmt(r['value'])} {r['op']} {_fmt(r['threshold'])} "
                              f"(margin {_fmt(r['margin'])})")
-            if r["detail"] and not r["passed"]:
-                lines.append(f"{'':<11}   {r['detail']}")
+            if r["detail"]:
+                lines.append(f"{'':<11}   {r['detail'] if not r['passed'] else r['detail'][:120]}")
         return "\n".join(lines)
 
     def record(self) -> dict:

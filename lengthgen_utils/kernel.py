@@ -567,6 +567,37 @@ def selection_margins(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, T
     return target - window.max(1).values, by_distance[:, train_len:].max(1).values - target
 
 
+def unseen_weight(kernel: Tensor, offset, train_len: int) -> Tensor:
+    """The keys training never saw, weighed together against the target: ``log sum_{train_len <= d < n} e^{s(-d) - s(-k)}``.
+
+    For a kernel in the row layout over ``n`` relative positions (a sequence of ``n`` tokens): below 0,
+    the keys beyond the training window hold less attention together than the target alone (under any
+    normaliser that divides a row by one number, softmax included); the mass they take grows with their
+    number, so this is the dilution the sequence brings (chapter 5) in one number.
+
+    Args:
+        kernel: ``[M, n]`` logits (nats), ``n > train_len``.
+        offset: the target offset ``k`` (one int, or one per model), ``k <= train_len - 2``.
+        train_len: the training length.
+
+    Returns:
+        float64 ``[M]`` (nats).
+
+    Raises:
+        ValueError / TypeError: as :func:`selection_margins`.
+
+    Source: chapter 6 (which heads keep the target at long lengths).
+    """
+    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    m, n = kernel.shape
+    train_len = check_int("train_len", train_len, minimum=3, maximum=n - 1)
+    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=train_len - 2))
+    by_distance = kernel.detach().double().cpu().flip(1)  # column d holds s(-d)
+    target = by_distance[torch.arange(m), ks]
+    return torch.logsumexp(by_distance[:, train_len:] - target[:, None], dim=1)
+
+
 # ---------------------------------------------------------------- a carrier fitted to a measured profile (chapter 7)
 #
 # The measures above read the carrier of a position-only head off its weights. A head of a full

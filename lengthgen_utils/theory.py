@@ -128,7 +128,7 @@ def mean_field_parameters(kernel: Tensor, offset, train_len: int) -> tuple[Tenso
     return margins, rhos
 
 
-def critical_target_mass(value_table: Tensor) -> Tensor:
+def critical_target_mass(value_table: Tensor, undefined: str = "raise") -> Tensor:
     """The smallest target mass at which the mean-field readout is still always right.
 
     With attention ``p`` on the target ``y`` and the rest spread thinly over many
@@ -141,13 +141,16 @@ def critical_target_mass(value_table: Tensor) -> Tensor:
     Args:
         value_table: ``[M, V, V]`` class logits of each content token (rows: input token,
             columns: class), e.g. ``model.value_table()[:, :V]``.
+        undefined: what a model gets whose readout is wrong for some token even at full attention on it
+            (``g <= h``: no target mass is enough, so ``p*`` does not exist): ``"raise"`` (a ``ValueError``)
+            or ``"nan"`` (NaN for that model, the others computed).
 
     Returns:
-        float64 ``[M]`` in [0, 1].
+        float64 ``[M]`` in [0, 1] (NaN where undefined, with ``undefined="nan"``).
 
     Raises:
-        ValueError: not ``[M, V, V]`` with ``M >= 1`` and ``V >= 2``, or some token does not favour its own
-            class (``g <= h``).
+        ValueError: not ``[M, V, V]`` with ``M >= 1`` and ``V >= 2``; ``undefined`` not one of the two; with
+            ``undefined="raise"``, some token does not favour its own class (``g <= h``).
     """
     if not isinstance(value_table, Tensor) or value_table.dim() != 3 or value_table.shape[1] != value_table.shape[2]:
         raise ValueError(f"value_table must be a tensor [M, V, V]; got {getattr(value_table, 'shape', type(value_table).__name__)}")
@@ -161,10 +164,13 @@ def critical_target_mass(value_table: Tensor) -> Tensor:
     h = mu[:, :, None] - mu[:, None, :]
     eye = torch.eye(t.shape[1], dtype=torch.bool)
     denom = (g - h).masked_fill(eye, 1.0)
-    if (denom <= 0).any():
+    bad = (denom <= 0).flatten(1).any(1)  # [M]
+    if undefined not in ("raise", "nan"):
+        raise ValueError(f"undefined must be 'raise' or 'nan'; got undefined={undefined!r}")
+    if bad.any() and undefined == "raise":
         raise ValueError("value_table has a token whose own class does not beat another at full attention (g <= h)")
-    ratio = (-h / denom).clamp_min(0.0).masked_fill(eye, 0.0)
-    return ratio.flatten(1).max(1).values
+    ratio = (-h / denom.clamp_min(1e-300)).clamp_min(0.0).masked_fill(eye, 0.0)
+    return ratio.flatten(1).max(1).values.masked_fill(bad, float("nan"))
 
 
 def critical_length(p_star: Tensor, margin: Tensor, rho: Tensor) -> Tensor:

@@ -548,8 +548,10 @@ ONE_VALUE = {
                "probes.argmax_placement", "zoo.placement", "zoo.run_retrieval_zoo", "plots.offset_margin_profiles", "tasks.DelayedCopy",
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",
-               "widgets.RetrievalExplorer"},  # one experiment, task, closed form or control: one offset
-    "seeds": {"runners.OffsetSweepResult", "runners.SnapshotResult"},  # a result's record, filled by the runner
+               "widgets.RetrievalExplorer", "live.kernel_panel",
+               "live.kernel_report"},  # one experiment, task, closed form, control or live panel: one offset
+    "seeds": {"runners.OffsetSweepResult", "runners.SnapshotResult",  # a result's record, filled by the runner
+              "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of spectrum_alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
              "probes.copy_head_placement"},  # one experiment / the check itself: one task
