@@ -1,13 +1,16 @@
 """Reliability III: the results cache under sharing and faults, devices, degenerate inputs, state that leaks.
 
-One test per kind, named after it (kinds 4 and 6 of the same report are pinned elsewhere):
+One test per kind, named after it:
 
-1. cleanup that deletes what it did not write (``cache.clear``, ``cache info``);
+1. cleanup that deletes what it did not write (``cache.clear``, ``cache info``, a build's claims records);
 2. a shared cache folder (entries readable by others; every read fault degrades to a recompute);
 3. paths from environment variables (``~`` expanded);
+4. two runs at once (each run's claims records are its own; another run's record is refused by name;
+   the records follow the book being run, not the imported package);
 5. numeric types from other libraries (numpy scalars in every configuration);
 7. devices (validated once, up front; a failed call leaves the caller's model as it was);
 8. non-finite inputs on the other route (an additive score bias, in both attention paths);
+6. process-wide numeric settings (every one a computation depends on is part of the cache key);
 9. degenerate sizes (the smallest sizes allowed work, one below is refused by name);
 10. internal state handed out (memoised tables cannot be corrupted by a caller);
 11. strict JSON (every figure the book renders).
@@ -511,3 +514,53 @@ def test_strict_json_of_every_figure_the_book_renders():
         reference = json.loads(pio.to_json(plots.fit_to_column(fig), validate=False))
         assert plotly_json["data"] == reference["data"], name  # the same as plotly's own null-for-NaN JSON
         assert "NaN" not in bundle["text/html"]
+
+
+# ---------------------------------------------------------------- kind 4: two runs at once
+def test_two_runs_at_once_keep_their_own_records(tmp_path, monkeypatch):
+    """A book build and a test session in one checkout: each writes and reads only its own run's records;
+    a record of the other run is refused by name; a second checkout's chapters write into their own book's
+    folder even when the package is imported from the first checkout."""
+    from lengthgen_utils import scoreboard
+
+    monkeypatch.setenv(scoreboard.CLAIMS_ENV, str(tmp_path / "claims"))
+    monkeypatch.setenv(scoreboard.RUN_ENV, "build-1")
+    scoreboard.record_claim("C1", "reproduced", "the build's", {"n": 1}, chapter="chapters/01_retrieval_task")
+    monkeypatch.setenv(scoreboard.RUN_ENV, "pytest-2")
+    scoreboard.record_claim("C1", "not reproduced", "the tests'", {"n": 2}, chapter="chapters/01_retrieval_task")
+    assert scoreboard.load_claims()["C1"]["summary"] == "the tests'"
+    monkeypatch.setenv(scoreboard.RUN_ENV, "build-1")
+    assert scoreboard.load_claims()["C1"]["summary"] == "the build's"
+    stray = tmp_path / "claims" / "build-1" / "C2.json"
+    stray.write_text((tmp_path / "claims" / "pytest-2" / "C1.json").read_text().replace('"C1"', '"C2"'))
+    with pytest.warns(RuntimeWarning, match="C2.json.*belongs to run 'pytest-2'"):
+        assert "C2" not in scoreboard.load_claims()
+    # a second checkout: its chapters run in its own folder, so its records go to its own _build
+    other = tmp_path / "second-checkout"
+    (other / "chapters").mkdir(parents=True)
+    (other / "_toc.yml").write_text("format: jb-book\nroot: intro\n")
+    monkeypatch.delenv(scoreboard.CLAIMS_ENV)
+    monkeypatch.chdir(other / "chapters")
+    assert scoreboard.run_dir() == other / "_build" / "claims" / "build-1"
+
+
+# ---------------------------------------------------------------- kind 6: process-wide numeric settings
+def test_process_wide_numeric_settings_are_part_of_the_cache_key(monkeypatch):
+    """A global torch setting that changes what a run computes moves the cache key, so a run under one setting
+    is never served to a run under another (each setting is also pinned one by one in test_robustness.py)."""
+    exp = configs.RetrievalExperiment(n_seeds=1, steps=1)
+
+    def key():
+        return cache.make_key(cache.cache_description(exp, "cpu", 1))
+
+    before = key()
+    monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
+    after_dtype = key()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    after_kernels = key()
+    monkeypatch.setenv("LENGTHGEN_SEED", "3")
+    after_seed = key()
+    assert len({before, after_dtype, after_kernels, after_seed}) == 4
+    assert set(cache.numeric_settings("cpu")) >= {"seed_base", "cpu_capability", "default_dtype",
+                                                  "float32_matmul_precision", "flush_denormal", "mkldnn",
+                                                  "deterministic"}
