@@ -162,11 +162,17 @@ def fit_to_column(fig) -> dict:
             if axis.get("type") == "log" and "tickvals" not in axis and "dtick" not in axis:
                 axis.setdefault("nticks", 6)  # plotly's default labels every 2..9 of a short range: they collide
     top = TOOLBAR_PX + max(n_lines - 1, 0) * TITLE_LINE_PX + 16  # the last title line's baseline, its descent, a gap
-    if any(a.get("yref") == "paper" and (a.get("y") or 0) >= 0.99 and a.get("yanchor") == "bottom"
-           and a.get("name") != "slider value" for a in layout.get("annotations") or []):
-        top += SUBPLOT_TITLE_PX  # a subplot title stands on the top panel
+    subplot_titles = any(a.get("yref") == "paper" and (a.get("y") or 0) >= 0.99 and a.get("yanchor") == "bottom"
+                         and a.get("name") != "slider value" for a in layout.get("annotations") or [])
+    if subplot_titles:
+        top += SUBPLOT_TITLE_PX  # a subplot title stands on the top panel: sliders sit above it
+        shifted = [a for a in layout.get("annotations") or [] if a.get("name") == "slider value"]
+        shifted += [a for u in updates if isinstance(u, dict) for a in u.get("annotations") or []
+                    if isinstance(a, dict) and a.get("name") == "slider value"]
+        for a in shifted:  # a numbered slider's current label moves up with its slider
+            a["yshift"] = (a.get("yshift") or 0) + SUBPLOT_TITLE_PX
     for n, slider in enumerate(sliders):  # between the title and the plot, full width, the first on top
-        below = (len(sliders) - 1 - n) * SLIDER_PX
+        below = (len(sliders) - 1 - n) * SLIDER_PX + (SUBPLOT_TITLE_PX if subplot_titles else 0)
         slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18 + below, l=24, r=24))
         slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13, "color": "#2a3f5f"})
         steps = slider.get("steps", [])

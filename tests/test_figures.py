@@ -183,3 +183,18 @@ def test_red_means_ape_alone():
 
     literals = re.findall(r"#[0-9a-fA-F]{6}\b", inspect.getsource(plots))
     assert not [c for c in literals if _is_red(c)], "a red literal in plots.py: red is LearnedAPE.color's"
+
+
+def test_a_numbered_slider_stays_clear_of_subplot_titles():
+    """Chapter 9's zoo panels have subplot titles on the top panels: the slider, its numbers and its current label
+    move up by a subplot title's height, so the numbers do not sit on the titles."""
+    frames = {f"enc {i}": plots.encoding_panels({"retrieval": ([1, 2], np.full((3, 2), 0.5), "solid")},
+                                                np.full((3, 8), 1 / 8), train_len=4, target=5, chance=1 / 16,
+                                                title=f"enc {i}", color="#1f77b4") for i in range(8)}
+    out = plots.fit_to_column(plots.slider_figure(frames, "encoding: "))
+    (slider,) = out["layout"]["sliders"]
+    assert slider["pad"]["b"] == 18 + plots.SUBPLOT_TITLE_PX
+    shifts = [a["yshift"] for a in out["layout"]["annotations"] if a.get("name") == "slider value"]
+    shifts += [a["yshift"] for st in slider["steps"] for a in st["args"][1].get("annotations", [])
+               if a.get("name") == "slider value"]
+    assert shifts and set(shifts) == {plots.SLIDER_VALUE_SHIFT + plots.SUBPLOT_TITLE_PX}
