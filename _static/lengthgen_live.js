@@ -842,7 +842,9 @@
     const top = fit.toolbar_px + Math.max(nLines(layout.title.text) - 1, 0) * fit.title_line_px + 16;
     layout.margin = { ...(layout.margin || {}), t: top };
     const entries = new Set(fig.data.filter((t) => t.showlegend !== false && t.name).map((t) => t.legendgroup || t.name));
-    const legendPx = fit.legend_line_px * Math.max(0, entries.size - 1);
+    const named = (layout.shapes || []).filter((s) => s.showlegend && s.name);  // reference lines in the legend
+    for (const s of named) { s.name = wrapText(s.name, fit.legend_chars); entries.add(s.legendgroup || s.name); }
+    const legendPx = layout.showlegend === false ? 0 : fit.legend_line_px * Math.max(0, entries.size - 1);
     layout.height = fit.figure_height + top - (fit.toolbar_px + 16) + legendPx;
     for (const key of Object.keys(layout)) {
       if (/^[xy]axis/.test(key) && layout[key] && layout[key].title && layout[key].title.text) {
@@ -887,18 +889,14 @@
     layout.title = { ...(layout.title || {}), text: seedNote(title, fewest, fit.min_seeds) };
     layout.xaxis = { ...(layout.xaxis || {}), tickvals: tx, ticktext: ticks.map((L) => `${L}<br>${L / trainLen}x`),
                      range: [tx[0] - 0.3, tx[tx.length - 1] + 0.3], autorange: false };
+    // reference lines named in the legend, never written over the curves (plots.accuracy_vs_length)
     layout.shapes = [
-      { type: "line", xref: "x domain", x0: 0, x1: 1, yref: "y", y0: chance, y1: chance,
-        line: { color: "black", dash: "dot", width: 1.5 } },
-      { type: "line", xref: "x", x0: Math.log2(trainLen), x1: Math.log2(trainLen), yref: "y domain", y0: 0, y1: 1,
-        line: { color: "gray", dash: "dash", width: 1 } },
+      { line: { color: "black", dash: "dot", width: 1.5 }, name: chanceText, showlegend: true, type: "line",
+        x0: 0, x1: 1, xref: "x domain", y0: chance, y1: chance, yref: "y" },
+      { line: { color: "gray", dash: "dash", width: 1 }, name: "training length", showlegend: true, type: "line",
+        x0: Math.log2(trainLen), x1: Math.log2(trainLen), xref: "x", y0: 0, y1: 1, yref: "y domain" },
     ];
-    layout.annotations = [
-      { text: chanceText, showarrow: false, xref: "x domain", x: 1, xanchor: "right",
-        yref: "y", y: chance, yanchor: "bottom" },
-      { text: "training<br>length", showarrow: false, xref: "x", x: Math.log2(trainLen), xanchor: "left",
-        yref: "y domain", y: 0, yanchor: "bottom", yshift: 40, bgcolor: "rgba(255,255,255,0.7)" },
-    ];
+    layout.annotations = [];
     return fitToColumn({ data, layout }, fit);
   }
 

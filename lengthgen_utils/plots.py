@@ -4,6 +4,16 @@ Every accuracy figure shows the mean over seeds as a line, the spread
 (min..max over seeds) as a band, a dotted chance line and the training
 length; axes are labeled with units.
 
+**Labels never sit on data.** A reference line or region (chance, the training length, a threshold,
+the training window) is named in the legend (plotly's legend entries for shapes), not by text drawn
+inside the plot, where it would cover a curve or a point sooner or later. The book's browser test
+checks that no annotation's text overlaps a drawn line, marker or bar.
+
+**One colour per encoding and model, set once.** An encoding's colour is its ``color``
+(:mod:`~lengthgen_utils.positional`); the models that are not an encoding alone (a normaliser, a
+closed form, a recurrent model) take theirs from :data:`MODEL_COLORS`. Red is APE's and nothing
+else's; the palette for seeds and unnamed curves (:data:`PALETTE`) has no red.
+
 **The page column.** The book's content column is about 690 px wide on a desktop and about 370 px on a
 phone, and a figure is as wide as the column (plotly's responsive mode). So that nothing is cut or
 overlaps at either width, every figure passes through :func:`fit_to_column` when it is shown: its titles
@@ -32,10 +42,37 @@ import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
 from ._validate import check_int, per_model, per_model_rows
-from .positional import ENCODINGS, Encoding, get_encoding
+from .positional import ENCODINGS, Encoding, LearnedAPE, RoPE, RotaryFrequencies, get_encoding
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#393b79", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
+"""Colours of seeds and of curves that name no encoding or model, in order (plotly's, with indigo for red)."""
+
+MODEL_COLORS = {
+    # the single heads of chapters 6 and 8: the encoding's colour for the softmax head, another for each normaliser
+    "RoPE head, softmax": RoPE.color,
+    "RoPE head (softmax)": RoPE.color,
+    "RoPE head, linear": "#6b6ecf",
+    "rotary head, softmax": RotaryFrequencies.color,
+    "rotary head, linear": "#8c6d31",
+    "rotary linear head": "#8c6d31",
+    "rotary head, linear / L": "#a55194",
+    "rotary head, linear / sum": "#637939",
+    "rotary head, exp": "#9c9ede",
+    # chapter 6's directly parameterised kernels and closed forms
+    "direct kernel, RoPE: trained": "#5254a3",
+    "direct kernel, well-conditioned: trained": "#8ca252",
+    "RoPE: min-norm c*": "#000000",
+    "RoPE: closed-form c_t": "#ce6dbd",
+    "well-conditioned: min-norm c*": "#bd9e39",
+    # chapter 8
+    "linear recurrent model": "#006d2c",
+}
+"""The colour of every model the chapters name that is not an encoding alone, the same in every chapter.
+
+Two names of one model (chapter 6's "rotary head, linear" is chapter 8's "rotary linear head") share a
+colour; no two models do, and none takes an encoding's colour unless it is that encoding's softmax head.
+Chapters pass it as ``colors=`` / ``styles=`` (a name the figure does not draw is ignored)."""
 FIGURE_HEIGHT = 440  # px: the plot area plus the margins below it; titles and sliders add their own height
 TITLE_CHARS = 42  # characters per title line that fit a phone's column at the title's font size
 X_TITLE_CHARS = 28  # per line of an x-axis title
@@ -43,7 +80,8 @@ Y_TITLE_CHARS = 28  # per line of a (rotated) y-axis title: on a phone the plot 
 TOOLBAR_PX = 44  # the first title baseline sits here, below plotly's toolbar (28 px high, shown on hover)
 TITLE_LINE_PX = 20
 SLIDER_PX = 96  # a slider between the title and the plot: its current value, rail and step labels
-SLIDER_LABELS_MAX = 6  # a slider with more steps shows only its current value: the step labels would collide
+SLIDER_LABELS_MAX = 6  # a slider with more steps numbers them on its rail (longer labels would collide)
+SLIDER_VALUE_SHIFT = 70  # px above the plot where a numbered slider's current label is written (plotly's own place)
 LEGEND_CHARS = 40  # per line of a legend entry
 LEGEND_LINE_PX = 20  # one line of the legend under the plot
 SUBPLOT_TITLE_PX = 24  # a subplot title above the top panel
@@ -125,24 +163,35 @@ def fit_to_column(fig) -> dict:
             if axis.get("type") == "log" and "tickvals" not in axis and "dtick" not in axis:
                 axis.setdefault("nticks", 6)  # plotly's default labels every 2..9 of a short range: they collide
     top = TOOLBAR_PX + max(n_lines - 1, 0) * TITLE_LINE_PX + 16  # the last title line's baseline, its descent, a gap
-    if any(a.get("yref") == "paper" and (a.get("y") or 0) >= 0.99 and a.get("yanchor") == "bottom"
-           for a in layout.get("annotations") or []):
-        top += SUBPLOT_TITLE_PX  # a subplot title stands on the top panel
+    subplot_titles = any(a.get("yref") == "paper" and (a.get("y") or 0) >= 0.99 and a.get("yanchor") == "bottom"
+                         and a.get("name") != "slider value" for a in layout.get("annotations") or [])
+    if subplot_titles:
+        top += SUBPLOT_TITLE_PX  # a subplot title stands on the top panel: sliders sit above it
+        shifted = [a for a in layout.get("annotations") or [] if a.get("name") == "slider value"]
+        shifted += [a for u in updates if isinstance(u, dict) for a in u.get("annotations") or []
+                    if isinstance(a, dict) and a.get("name") == "slider value"]
+        for a in shifted:  # a numbered slider's current label moves up with its slider
+            a["yshift"] = (a.get("yshift") or 0) + SUBPLOT_TITLE_PX
     for n, slider in enumerate(sliders):  # between the title and the plot, full width, the first on top
-        below = (len(sliders) - 1 - n) * SLIDER_PX
+        below = (len(sliders) - 1 - n) * SLIDER_PX + (SUBPLOT_TITLE_PX if subplot_titles else 0)
         slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18 + below, l=24, r=24))
         slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13, "color": "#2a3f5f"})
-        if len(slider.get("steps", [])) > SLIDER_LABELS_MAX:  # the current value names the step
-            slider["font"] = {**slider.get("font", {}), "color": "rgba(0,0,0,0)"}
+        steps = slider.get("steps", [])
+        if len(steps) > SLIDER_LABELS_MAX and any(len(str(st.get("label", ""))) > 3 for st in steps):
+            slider["font"] = {**slider.get("font", {}), "color": "rgba(0,0,0,0)"}  # the current value names the step
         top += SLIDER_PX
     for trace in fig.get("data", []):  # legend entries on lines that fit the column
         if trace.get("name") and trace.get("showlegend", True) is not False:
             trace["name"] = wrap_text(trace["name"], LEGEND_CHARS)
+    shapes = [s for s in layout.get("shapes") or [] if s.get("showlegend") and s.get("name")]
+    for shape in shapes:  # reference lines and regions named in the legend
+        shape["name"] = wrap_text(shape["name"], LEGEND_CHARS)
     margin = layout.setdefault("margin", {})
     margin["t"] = max(margin.get("t") or 0, top)
     # a legend under the plot wraps to about one entry per line on a phone: the figure grows, the plot does not shrink
     entries = len({t.get("legendgroup") or t.get("name") for t in fig.get("data", [])
                    if t.get("showlegend", True) is not False and t.get("name")})
+    entries += len({s.get("legendgroup") or s["name"] for s in shapes})
     legend_px = LEGEND_LINE_PX * max(0, entries - 1) if layout.get("showlegend", True) is not False else 0
     layout["height"] = (layout.get("height") or FIGURE_HEIGHT) + top - (TOOLBAR_PX + 16) + legend_px
     return fig
@@ -268,7 +317,7 @@ def flag_below_chance(fig: go.Figure, means: dict, chance: float, tol: float = B
         names = ", ".join(_label(n) for n in flagged)
         warnings.warn(f"mean accuracy below chance ({chance:.3f} - {tol}) for {names}: likely a bug", stacklevel=3)
         fig.add_annotation(text=f"below chance: likely a bug ({names})", xref="paper", yref="paper", x=0.5, y=0.02,
-                           showarrow=False, font=dict(color="#d62728", size=14), bgcolor="rgba(255,255,255,0.8)")
+                           showarrow=False, font=dict(color="#8a4b00", size=14), bgcolor="rgba(255,255,255,0.8)")
     return flagged
 
 
@@ -322,11 +371,10 @@ def accuracy_vs_length(curves: dict, chance: float, train_len: int, title: str,
                                  hovertemplate="L=%{customdata[0]:d}: mean %{y:.3f} "
                                                "(min %{customdata[1]:.3f}, max %{customdata[2]:.3f})"))
     ticks = sorted(all_lengths)
-    fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5),
-                  annotation_text=f"chance = {chance:.3f}", annotation_position="top right")
+    fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5), name=f"chance = {chance:.3f}",
+                  showlegend=True)
     fig.add_vline(x=float(np.log2(train_len)), line=dict(color="gray", dash="dash", width=1),
-                  annotation_text="training<br>length", annotation_position="bottom right",
-                  annotation_yshift=40, annotation_bgcolor="rgba(255,255,255,0.7)")
+                  name="training length", showlegend=True)
     flag_below_chance(fig, means, chance)
     fig.update_layout(title=seed_note(title, min(n_seeds)))
     x = np.log2(ticks)
@@ -422,7 +470,7 @@ def kernel_panel(offsets, kernel, target_offset: int, train_len: int, title: str
                            name=f"target D = -{target_offset}", line=dict(color="black", dash="dash", width=2)))
     fig = go.Figure(data=data)
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training window", annotation_position="inside top right")
+                  name="training window", showlegend=True)
     fig.update_layout(title=title)
     fig.update_xaxes(title="relative position D = j − i (tokens)")
     fig.update_yaxes(title="attention logit s(D) (nats)", range=None if y_range is None else list(y_range))
@@ -675,7 +723,7 @@ def dilution_panel(lengths, measured, exact, mean_field, title: str) -> go.Figur
                        line=dict(color="#1f77b4", width=3)),
             go.Scatter(x=np.asarray(mean_field[0]), y=_distractor_ratio(p_mf), mode="lines",
                        name="mean-field law (from the training window)",
-                       line=dict(color="#d62728", dash="dash", width=2)),
+                       line=dict(color="#555555", dash="dash", width=2.5)),
             go.Scatter(x=np.asarray(lengths), y=_distractor_ratio(measured), mode="markers",
                        name="measured in the model",
                        marker=dict(color="black", size=10, symbol="circle-open", line=dict(width=2)))]
@@ -744,7 +792,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
     if dashed is not None and not set(dashed) <= set(curves):
         raise ValueError(f"dashed must name curves of {sorted(curves)}; got {sorted(set(dashed) - set(curves))}")
     fig = go.Figure()
-    palette = ["#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b"]
+    palette = ["#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#393b79", "#8c564b"]
     for i, (name, (offsets, values)) in enumerate(curves.items()):
         offsets = np.asarray(offsets)
         values = np.atleast_2d(np.asarray(values, dtype=float))
@@ -761,7 +809,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
         fig.add_trace(go.Scatter(x=offsets, y=values.mean(0), mode="lines", name=label, legendgroup=_label(name),
                                  line=dict(color=color, width=2, dash="dash" if is_dashed else "solid")))
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=-0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training window", annotation_position="inside top right")
+                  name="training window", showlegend=True)
     fig.add_vline(x=-target_offset, line=dict(color="black", dash="dot", width=1))
     fig.add_hline(y=0, line=dict(color="black", width=0.5))
     fig.update_layout(title=title)
@@ -771,17 +819,12 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
     return fig
 
 
-def _log_x_marker(fig: go.Figure, x: float, line: dict, text: str | None = None, xanchor: str = "left",
-                  y: float = 1.0, yanchor: str = "top") -> None:
-    """A vertical line at data value ``x`` on a log x axis, and a label beside it.
+def _log_x_marker(fig: go.Figure, x: float, line: dict, text: str | None = None) -> None:
+    """A vertical line at data value ``x`` on a log x axis, named ``text`` in the legend (when given).
 
-    On a log axis plotly places shapes in data units but annotations in log10 units, so the two are
-    added separately (``add_vline``'s own annotation would land at ``10**x``)."""
-    fig.add_vline(x=float(x), line=line)
-    if text:
-        fig.add_annotation(x=float(np.log10(x)), xref="x", y=y, yref="paper", text=text, showarrow=False,
-                           xanchor=xanchor, yanchor=yanchor, xshift=4 if xanchor == "left" else -4,
-                           bgcolor="rgba(255,255,255,0.7)")
+    On a log axis plotly places shapes in data units (an annotation would take log10 units); the label
+    is a legend entry of the shape, so it never sits on the data."""
+    fig.add_vline(x=float(x), line=line, name=text, showlegend=bool(text))
 
 
 def predicted_vs_measured(curves: dict, train_len: int, title: str,
@@ -865,10 +908,10 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
                                  hoverinfo="skip", showlegend=False))
         fig.add_trace(go.Scatter(x=pos, y=acc.mean(0), mode="lines", name=f"{_label(name)} (mean of {acc.shape[0]})",
                                  line=dict(color=color, width=2)))
-    fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5),
-                  annotation_text=f"chance = {chance:.3f}", annotation_position="bottom right")
-    fig.add_vline(x=train_len - 0.5, line=dict(color="gray", dash="dash", width=1),
-                  annotation_text="training length", annotation_position="top right")
+    fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5), name=f"chance = {chance:.3f}",
+                  showlegend=True)
+    fig.add_vline(x=train_len - 0.5, line=dict(color="gray", dash="dash", width=1), name="training length",
+                  showlegend=True)
     flag_below_chance(fig, means, chance)
     fig.update_layout(title=seed_note(title, min(n_seeds)))
     fig.update_xaxes(title="position t in the sequence (tokens)")
@@ -985,6 +1028,11 @@ def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str 
     and margins belong to the slider figure (it adds room for the slider under the plot). Everything is
     in the page's HTML: moving the slider needs plotly.js only, not Python.
 
+    A slider of more than :data:`SLIDER_LABELS_MAX` steps has no room on a phone's rail for their
+    labels: its steps are numbered 1, 2, ... on the rail, and each panel names its step in full where
+    plotly writes the current value (``slider_title`` + label + ``suffix``, e.g. "encoding: 7 of 12,
+    ALiBi").
+
     Args:
         frames: ``{label: go.Figure or list of traces}``, in slider order; ``label`` is the step's text
             (e.g. ``"k = 3"``).
@@ -1014,12 +1062,21 @@ def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str 
         if not frame.data:
             raise ValueError(f"frame {label!r} has no traces")
         figs[label] = frame
+    numbered = len(figs) > SLIDER_LABELS_MAX
+    if numbered:  # the rail shows numbers; each panel writes its full label where the current value goes
+        n = len(figs)
+        figs = {label: go.Figure(frame).add_annotation(
+                    text=f"{slider_title}{i + 1} of {n}, {label}{suffix}", name="slider value", xref="paper", x=0,
+                    xanchor="left", yref="paper", y=1, yanchor="bottom", yshift=SLIDER_VALUE_SHIFT, showarrow=False,
+                    font=dict(size=13, color="#2a3f5f"))
+                for i, (label, frame) in enumerate(figs.items())}
     fig, visible, relayout = _stacked_panels(list(figs.values()), active)
-    steps = [dict(label=label, method="update", args=[{"visible": visible[i]}, relayout[i]])
+    steps = [dict(label=str(i + 1) if numbered else label, method="update", args=[{"visible": visible[i]}, relayout[i]])
              for i, label in enumerate(figs)]
     height = max(frame.layout.height or FIGURE_HEIGHT for frame in figs.values())  # fit_to_column adds the slider's room
+    current = dict(visible=False) if numbered else dict(prefix=slider_title, suffix=suffix)
     fig.update_layout(height=height,
-                      sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=slider_title, suffix=suffix),
+                      sliders=[dict(active=active, steps=steps, currentvalue=current,
                                     x=0.0, len=1.0, y=1.0, yanchor="bottom", pad=dict(t=0, b=18))])
     return fig
 
@@ -1188,7 +1245,7 @@ def angle_errors(positions, errors: dict, title: str) -> go.Figure:
     _check_panels(errors, "errors")
     x = np.asarray(positions, dtype=float)
     fig = go.Figure()
-    palette = ["#d62728", "#ff7f0e", "#1f77b4", "#2ca02c"]
+    palette = ["#393b79", "#ff7f0e", "#1f77b4", "#2ca02c"]
     for i, (name, err) in enumerate(errors.items()):
         err = np.asarray(err, dtype=float)
         if err.shape != x.shape:
@@ -1196,8 +1253,7 @@ def angle_errors(positions, errors: dict, title: str) -> go.Figure:
         fig.add_trace(go.Scatter(x=x, y=np.maximum(err, 1e-12), mode="lines", name=name,
                                  line=dict(color=palette[i % len(palette)], width=2),
                                  hovertemplate="position %{x:.0f}: error %{y:.2e} rad<extra></extra>"))
-    fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), annotation_text="1 radian",
-                  annotation_position="bottom right")
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), name="1 radian", showlegend=True)
     fig.update_layout(title=title)
     fig.update_xaxes(title="position (tokens, log scale)", type="log")
     fig.update_yaxes(title="max over pairs of |angle error| (radians, log scale)", type="log", exponentformat="power")
@@ -1214,7 +1270,7 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
         train_len: longest training length; the training range is shaded.
         marker_position: a position to mark with a dashed line (e.g. ``L_train - 1 - k``), or None.
         title: figure title.
-        marker_label: annotation of the marker line.
+        marker_label: the marker line's name in the legend.
 
     Returns:
         a plotly ``Figure``: x = absolute key position, y = number of test lengths.
@@ -1230,11 +1286,10 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
         fig.add_trace(go.Bar(x=np.arange(x_max), y=row[:x_max], name=f"seed {i}", marker_color=palette[i % 10],
                              hovertemplate=f"seed {i}: " + "argmax at position %{x} for %{y} lengths<extra></extra>"))
     fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training positions", annotation_position="inside top left")
+                  name="training positions", showlegend=True)
     if marker_position is not None:
         fig.add_vline(x=marker_position, line=dict(color="black", dash="dash", width=1.5),
-                      annotation_text=f"{marker_label} = {marker_position}", annotation_position="bottom right",
-                      annotation_bgcolor="rgba(255,255,255,0.8)")
+                      name=f"{marker_label} = {marker_position}", showlegend=True)
     fig.update_layout(title=title, barmode="group", bargap=0.15)
     fig.update_xaxes(title="key position of the attention argmax (tokens)")
     fig.update_yaxes(title="number of test lengths")
@@ -1270,7 +1325,7 @@ def attention_row_panel(row, train_len: int, target_offset: int | None, title: s
                                name="target key L − 1 − k", hoverinfo="skip"))
     fig = go.Figure(data=data)
     fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                  annotation_text="training positions", annotation_position="inside top left")
+                  name="training positions", showlegend=True)
     fig.update_layout(title=title)
     fig.update_xaxes(title="absolute key position (tokens)", range=[-1, seq_len if x_max is None else x_max])
     fig.update_yaxes(title="attention weight of the query (fraction)", range=[-0.02, 1.05])
@@ -1311,14 +1366,20 @@ def attention_row_slider(rows: dict, train_len: int, target_offset: int | None, 
                          active=0 if active is None else lengths.index(active))
 
 
-def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None = None) -> go.Figure:
+def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None = None,
+                   color: str = "#2a3f5f") -> go.Figure:
     """One marker per seed and a bar for the mean, for each named setting.
 
     Args:
         values: ``{setting name: per-seed values [n_seeds]}``.
         title: figure title.
         y_title: y axis title with units.
-        chance: when given, a dotted chance line.
+        chance: when given, a dotted chance line (named in the legend).
+        color: the bars' and markers' colour, ``"#rrggbb"`` (default: neutral slate; pass an encoding's
+            ``color`` when every setting is that encoding).
+
+    Raises:
+        ValueError: ``values`` is empty, or ``color`` is not ``"#rrggbb"``.
 
     Returns:
         a plotly ``Figure``.
@@ -1328,14 +1389,16 @@ def bar_by_setting(values: dict, title: str, y_title: str, chance: float | None 
     names = [wrap_text(n, 9) for n in values]  # category labels on short lines: they sit side by side
     values = dict(zip(names, values.values()))
     fig = go.Figure()
+    if not (isinstance(color, str) and re.fullmatch(r"#[0-9a-fA-F]{6}", color)):
+        raise ValueError(f"color must be '#rrggbb'; got {color!r}")
     fig.add_trace(go.Bar(x=names, y=[float(np.mean(values[n])) for n in names], name="mean over seeds",
-                         marker_color="rgba(214,39,40,0.35)"))
+                         marker_color=_rgba(color, 0.35)))
     xs = [n for n in names for _ in values[n]]
     ys = [float(v) for n in names for v in values[n]]
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="each seed", marker=dict(color="#d62728", size=8)))
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="each seed", marker=dict(color=color, size=8)))
     if chance is not None:
-        fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5),
-                      annotation_text=f"chance = {chance:.3f}", annotation_position="bottom right")
+        fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5), name=f"chance = {chance:.3f}",
+                      showlegend=True)
     fig.update_layout(title=title)
     fig.update_yaxes(title=y_title)
     return fig
@@ -1364,7 +1427,7 @@ def logit_rows_by_offset(panels: dict, title: str, target_offset: int | None = N
     n = len(panels)  # one panel under the other (side by side they do not fit a phone's column)
     fig = make_subplots(rows=n, cols=1, subplot_titles=list(panels), shared_xaxes=True, vertical_spacing=0.14)
     dashes = ["solid", "dot", "dash", "dashdot"]
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#393b79"]
     for c, (name, rows) in enumerate(panels.items()):
         for i, (L, row) in enumerate(sorted(rows.items())):
             row = np.asarray(row, dtype=float)
@@ -1408,7 +1471,7 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
     if x_max is not None:
         check_int("x_max", x_max, minimum=1)
     fig = go.Figure()
-    palette = ["#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd"]
+    palette = [LearnedAPE.color, "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd"]  # rows of an APE table: APE first
     for i, (name, v) in enumerate(curves.items()):
         v = np.asarray(v, dtype=float)
         if v.ndim != 2:
@@ -1425,7 +1488,7 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
                                  hovertemplate="position %{x}: %{y:.3g}<extra></extra>"))
     if train_len is not None:
         fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
-                      annotation_text="training positions", annotation_position="inside top left")
+                      name="training positions", showlegend=True)
     fig.update_layout(title=title)
     fig.update_xaxes(title="absolute position t (row of the APE table)",
                      range=None if x_max is None else [-0.5, x_max + 0.5])
@@ -1591,8 +1654,7 @@ def _r2_scatter(x, r2, kind, labels, title: str, x_hover: str, floor: float, thr
                 text=[f"{labels[i]}: R² = {r2[i]:.3g}" for i in rows],
                 marker=dict(size=9, color=PALETTE[ki % 10], symbol=symbols[ri % len(symbols)], opacity=0.75),
                 hovertemplate="%{text}<br>" + x_hover + "<extra></extra>"))
-    fig.add_hline(y=threshold, line=dict(color="gray", dash="dash"), annotation_text=f"R² = {threshold}",
-                  annotation_position="bottom right")
+    fig.add_hline(y=threshold, line=dict(color="gray", dash="dash"), name=f"R² = {threshold}", showlegend=True)
     fig.update_layout(title=title)
     fig.update_yaxes(title=f"R² of the long-run law (clipped at {floor:g})", range=[floor - 0.05, 1.05])
     return fig
@@ -1651,13 +1713,11 @@ def r2_vs_reach(reach, r2, kind, labels, title: str, alias_side: float = 1.0, la
     fig = _r2_scatter(reach, r2, kind, labels, title, "n e^-κ = %{x:.3g}", floor, threshold, symbol_by)
     lo = float(np.log10(min(reach.min(), alias_side))) - 0.3
     hi = float(np.log10(max(reach.max(), law_side))) + 0.3
-    # the sides' labels sit under the points clipped at the floor, clear of the R^2 line's label
-    # shapes take data units on a log axis, annotations log10 units
-    fig.add_vrect(x0=10 ** lo, x1=alias_side, fillcolor="#d62728", opacity=0.08, line_width=0)
-    fig.add_vrect(x0=law_side, x1=10 ** hi, fillcolor="#2ca02c", opacity=0.1, line_width=0)
-    for x, text, anchor in ((lo, f"≤ {alias_side:g}: aliases", "left"), (hi, f"≥ {law_side:g}: law", "right")):
-        fig.add_annotation(x=x, xref="x", y=0, yref="paper", text=text, showarrow=False, xanchor=anchor,
-                           yanchor="bottom", xshift=4 if anchor == "left" else -4, yshift=4)
+    # the two sides, named in the legend (shapes take data units on a log axis)
+    fig.add_vrect(x0=10 ** lo, x1=alias_side, fillcolor="#393b79", opacity=0.08, line_width=0,
+                  name=f"n e^-κ ≤ {alias_side:g}: aliases' side", showlegend=True)
+    fig.add_vrect(x0=law_side, x1=10 ** hi, fillcolor="#2ca02c", opacity=0.1, line_width=0,
+                  name=f"n e^-κ ≥ {law_side:g}: the law's side", showlegend=True)
     fig.update_xaxes(title="n e^-κ (log scale)", type="log", range=[lo, hi], exponentformat="power")
     fig.update_yaxes(range=[floor - 0.3, 1.05])
     return fig
@@ -1917,7 +1977,7 @@ def encoding_panels(curves: dict, attention, train_len: int, target: int, chance
                                  name=f"last position training visited ({visited - 1})",
                                  line=dict(color="gray", dash="dot", width=1.5)), row=1, col=2)
     fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5), row=1, col=1,
-                  annotation_text=f"chance {chance:.3f}", annotation_position="bottom right")
+                  name=f"chance {chance:.3f}", showlegend=True)
     fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.15, line_width=0, row=1, col=2)
     ticks = sorted(ticks)
     fig.update_xaxes(title="length / training<br>length (log scale)", tickvals=np.log2(ticks),
@@ -2001,8 +2061,7 @@ def violations_by_encoding(values: dict, tolerance: float, title: str, floor: fl
                                  marker=dict(symbol=symbol, size=11, color=[_color(n, i) for i, n in enumerate(names)],
                                              line=dict(width=2, color=[_color(n, i) for i, n in enumerate(names)])),
                                  customdata=xs, hovertemplate="%{y}, " + kind + ": %{customdata:.2e}<extra></extra>"))
-    fig.add_vline(x=tolerance, line=dict(color="black", dash="dash", width=1),
-                  annotation_text="tolerance", annotation_position="bottom left")
+    fig.add_vline(x=tolerance, line=dict(color="black", dash="dash", width=1), name="tolerance", showlegend=True)
     fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 140 + 32 * len(names)))
     drawn = [max(float(v[k]), floor) for v in values.values() for k in (0, 1)]
     span = [np.log10(min(drawn + [tolerance])) - 0.5, np.log10(max(drawn + [tolerance])) + 0.5]

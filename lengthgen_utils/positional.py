@@ -1033,6 +1033,10 @@ class RandomizedPositions(Encoding):
 
     @property
     def color(self) -> str:
+        """Learned APE's two variants have colours of their own (red is plain APE's alone, so a shade of it
+        would read as APE); any other base's variant is its colour darkened (shift) or lightened (positions)."""
+        if isinstance(self.base, LearnedAPE) and type(self.base).color == LearnedAPE.color:
+            return "#7b4173" if self.contiguous else "#2ca02c"
         return _blend(self.base.color, 0, 0.45) if self.contiguous else _blend(self.base.color, 255, 0.5)
 
     @property
@@ -1087,7 +1091,7 @@ class RoPEInterpolation(RoPE):
 
     train_len: int = 16
     name: ClassVar[str] = "rope_pi"
-    color: ClassVar[str] = "#17becf"
+    color: ClassVar[str] = "#e7ba52"  # not RotaryFrequencies' cyan: one colour per encoding
 
     def __post_init__(self):
         super().__post_init__()

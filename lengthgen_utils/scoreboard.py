@@ -180,6 +180,8 @@ def load_claims() -> dict:
 NUMBER_LABELS = {
     # chapter 1
     "rope_min_mean_to_4x": "RoPE, lowest mean accuracy up to 4x",
+    "rope_heads_to_4x": "RoPE, heads at ≥ 0.95 up to 4x",
+    "ape_heads_near_chance_from_2x": "APE, heads within 0.2 of chance from 2x",
     "ape_max_abs_dev_from_chance_from_2x": "APE, largest |accuracy - chance| from 2x",
     "offsets": "offsets k",
     "seeds": "seeds",

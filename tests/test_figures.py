@@ -41,7 +41,8 @@ def test_a_long_legend_makes_the_figure_taller_not_the_plot_smaller():
     curves = {f"curve {i}": ([16, 32], np.full((5, 2), 0.5)) for i in range(5)}
     fig = plots.accuracy_vs_length(curves, 1 / 16, 16, "t")
     out = plots.fit_to_column(fig)
-    assert out["layout"]["height"] == plots.FIGURE_HEIGHT + 4 * plots.LEGEND_LINE_PX  # title "t": one line
+    # seven legend entries (five curves, the chance line, the training length); title "t": one line
+    assert out["layout"]["height"] == plots.FIGURE_HEIGHT + 6 * plots.LEGEND_LINE_PX
 
 
 def _panel(k, t):
@@ -97,3 +98,103 @@ def test_loss_curves_smoothing_averages_an_underflowed_zero_loss():
     hist = np.array([[1.0], [0.0], [0.0], [2.0]])
     y = plots.loss_curves({"ape": hist}, "loss", smooth=2).data[0].y
     np.testing.assert_allclose(y, [1.0, 0.5, 0.0, 1.0])
+
+
+# ---------------------------------------------------------------- labels off the data, one colour per model
+def _hue_sat_val(hex_color):
+    import colorsys
+
+    r, g, b = (int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    h, s, v = colorsys.rgb_to_hsv(r, g, b)
+    return 360 * h, s, v
+
+
+def _is_red(hex_color):
+    h, s, v = _hue_sat_val(hex_color)
+    return (h <= 15 or h >= 345) and s >= 0.6 and v >= 0.35
+
+
+def test_reference_lines_are_named_in_the_legend_not_written_on_the_plot():
+    """The chance line and the training length of every accuracy figure are legend entries; the figure writes no
+    text inside its plot area (the browser test checks the drawn figures of the book)."""
+    fig = plots.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16, "t")
+    assert not fig.layout.annotations
+    assert sorted((s.name, s.showlegend) for s in fig.layout.shapes) == [("chance = 0.062", True),
+                                                                          ("training length", True)]
+    for fig in (plots.accuracy_by_position({"rope": np.full((5, 40), 0.9)}, 1 / 16, 16, "t"),
+                plots.kernel_panel(np.arange(-20, 1), np.zeros((3, 21)), 3, 16, "t"),
+                plots.attention_row_panel(np.full((3, 32), 1 / 32), 16, 3, "t"),
+                plots.bar_by_setting({"a": [0.1, 0.2], "b": [0.3]}, "t", "y", chance=1 / 16),
+                plots.r2_vs_margin([0.5, 1.0], [0.2, 0.95], ["cliff", "holds"], ["a", "b"], "t"),
+                plots.violations_by_encoding({"rope": (1e-9, 1e-9), "ape": (0.1, 1.0)}, 1e-4, "t")):
+        assert not fig.layout.annotations
+        assert fig.layout.shapes and all(s.showlegend and s.name for s in fig.layout.shapes if s.type == "line"
+                                         and s.line.dash in ("dot", "dash"))
+
+
+def test_fit_to_column_counts_legend_entries_of_shapes():
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[0, 1], name="a"))
+    base = plots.fit_to_column(fig)["layout"]["height"]
+    fig.add_hline(y=0.5, name="chance", showlegend=True)
+    fig.add_hline(y=0.7)  # not in the legend
+    assert plots.fit_to_column(fig)["layout"]["height"] == base + plots.LEGEND_LINE_PX
+
+
+def test_a_slider_of_many_steps_numbers_them_and_names_each_in_full():
+    """Chapter 9's zoo slider has twelve steps: the rail shows 1..12 and each panel says which encoding it is."""
+    frames = {f"encoding {i}": plots.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16,
+                                                        f"panel {i}") for i in range(12)}
+    fig = plots.slider_figure(frames, "encoding: ", active=6)
+    (slider,) = fig.layout.sliders
+    assert [s.label for s in slider.steps] == [str(i) for i in range(1, 13)]
+    assert slider.currentvalue.visible is False
+    names = [a.text for a in fig.layout.annotations if a.name == "slider value"]
+    assert names == ["encoding: 7 of 12, encoding 6"]
+    step = slider.steps[0].args[1]
+    assert [a["text"] for a in step["annotations"] if a.get("name") == "slider value"] == ["encoding: 1 of 12, encoding 0"]
+    out = plots.fit_to_column(fig)
+    assert "color" not in out["layout"]["sliders"][0].get("font", {})  # the numbers are shown
+    few = plots.slider_figure(dict(list(frames.items())[:3]), "encoding: ")
+    assert [s.label for s in few.layout.sliders[0].steps] == ["encoding 0", "encoding 1", "encoding 2"]
+
+
+def test_red_means_ape_alone():
+    """One colour per encoding and model across the book, and red is learned APE's only."""
+    from lengthgen_utils import zoo
+    from lengthgen_utils.positional import ENCODINGS, RotaryFrequencies, get_encoding
+
+    encodings = {pe.label: pe.color for pe in [get_encoding(n) for n in ENCODINGS] + list(zoo.zoo_encodings(16))
+                 + [RotaryFrequencies()]}
+    reds = [label for label, color in encodings.items() if _is_red(color)]
+    assert reds == ["APE (learned)"], reds
+    assert len(set(encodings.values())) == len(encodings), encodings  # no two encodings share a colour
+    models = plots.MODEL_COLORS
+    assert not any(_is_red(c) for c in models.values()) and not any(_is_red(c) for c in plots.PALETTE)
+    same_model = {("RoPE head, softmax", "RoPE head (softmax)"), ("rotary head, linear", "rotary linear head")}
+    owner = {}
+    for name, color in models.items():
+        if color in owner:
+            assert (owner[color], name) in same_model, f"{owner[color]!r} and {name!r} share {color}"
+        owner.setdefault(color, name)
+    softmax_heads = {models["RoPE head, softmax"], models["rotary head, softmax"]}
+    assert not (set(models.values()) - softmax_heads) & set(encodings.values()), "a model took an encoding's colour"
+    import inspect
+    import re
+
+    literals = re.findall(r"#[0-9a-fA-F]{6}\b", inspect.getsource(plots))
+    assert not [c for c in literals if _is_red(c)], "a red literal in plots.py: red is LearnedAPE.color's"
+
+
+def test_a_numbered_slider_stays_clear_of_subplot_titles():
+    """Chapter 9's zoo panels have subplot titles on the top panels: the slider, its numbers and its current label
+    move up by a subplot title's height, so the numbers do not sit on the titles."""
+    frames = {f"enc {i}": plots.encoding_panels({"retrieval": ([1, 2], np.full((3, 2), 0.5), "solid")},
+                                                np.full((3, 8), 1 / 8), train_len=4, target=5, chance=1 / 16,
+                                                title=f"enc {i}", color="#1f77b4") for i in range(8)}
+    out = plots.fit_to_column(plots.slider_figure(frames, "encoding: "))
+    (slider,) = out["layout"]["sliders"]
+    assert slider["pad"]["b"] == 18 + plots.SUBPLOT_TITLE_PX
+    shifts = [a["yshift"] for a in out["layout"]["annotations"] if a.get("name") == "slider value"]
+    shifts += [a["yshift"] for st in slider["steps"] for a in st["args"][1].get("annotations", [])
+               if a.get("name") == "slider value"]
+    assert shifts and set(shifts) == {plots.SLIDER_VALUE_SHIFT + plots.SUBPLOT_TITLE_PX}

@@ -132,3 +132,12 @@ def test_the_min_norm_interpolant_of_well_conditioned_frequencies_fits_and_is_re
     rope = run_kernel_head(exp, "rope", None, steps=5, cache=tmp_path, device="cpu")
     assert rope.min_norm_accuracy[0] == 1.0  # evaluated in float64: the huge c* still interpolates exactly
     assert math.isfinite(float(rope.c_star.norm())) and rope.c_star.norm() > 1e10
+
+
+def test_unseen_weight_on_a_hand_made_kernel():
+    """Sixteen keys beyond a window of 16 at 0 nats and a target at 5 nats: log(16 e^-5) = log 16 - 5."""
+    row = torch.zeros(1, 32)
+    row[0, 31 - 3] = 5.0
+    assert float(kernel.unseen_weight(row, 3, 16)) == pytest.approx(math.log(16) - 5, abs=1e-12)
+    with pytest.raises(ValueError, match="train_len"):
+        kernel.unseen_weight(row, 3, 32)

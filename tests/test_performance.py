@@ -568,7 +568,7 @@ def test_buildtime_runs_the_toc_in_order_and_gives_kernels_this_checkout_and_a_f
     from lengthgen_utils import buildtime
 
     paths = [p.relative_to(REPO).as_posix() for p in buildtime.toc_notebooks()]
-    assert paths and paths == sorted(paths) and paths[0].startswith("chapters/01_")
+    assert paths and paths == sorted(paths) and paths[0].startswith("chapters/00_")
     assert paths.index("scoreboard.ipynb") > max(i for i, p in enumerate(paths) if p.startswith("chapters/"))
     env = buildtime.kernel_environment(tmp_path / "cache", tmp_path / "claims", "quick")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)

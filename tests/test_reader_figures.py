@@ -60,15 +60,19 @@ def test_offset_kernels_dashes_the_named_curves_only():
         plots.offset_kernels(curves, train_len=4, target_offset=1, title="t", dashed={"missing"})
 
 
-def test_markers_on_log_axes_put_the_line_in_data_units_and_the_label_in_log10_units():
-    """Plotly places shapes on a log axis in data units and annotations in log10 units: a training-length
-    line at 16 must be a shape at 16 with its label at log10(16) (else the line or the label is lost)."""
+def test_markers_on_log_axes_put_the_line_in_data_units_and_the_label_in_the_legend():
+    """Plotly places shapes on a log axis in data units: a training-length line at 16 must be a shape at 16.
+    Its label is the shape's legend entry (text drawn on the plot would sit on data), and so are the two
+    sides of chapter 5's boundary figure."""
     fig = plots.predicted_vs_measured({"a": ([32, 64], [1.0, 2.0], [[1.0, 2.0]])}, train_len=16, title="t")
-    assert [s.x0 for s in fig.layout.shapes] == [16.0]
-    assert [a.x for a in fig.layout.annotations if a.text == "training length"] == [pytest.approx(np.log10(16))]
+    assert [(s.x0, s.name, s.showlegend) for s in fig.layout.shapes] == [(16.0, "training length", True)]
+    assert not fig.layout.annotations
     fig = plots.r2_vs_reach([1e-3, 40.0], [0.0, 0.99], ["a", "b"], ["a", "b"], title="t")
     lo, hi = fig.layout.xaxis.range
-    assert sorted(a.x for a in fig.layout.annotations if "alias" in a.text or "law" in a.text) == [lo, hi]
+    sides = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert [s.x0 for s in sides] == [pytest.approx(10 ** lo), 20.0] and [s.x1 for s in sides] == [1.0, pytest.approx(10 ** hi)]
+    assert all(s.showlegend for s in sides) and "aliases" in sides[0].name and "law" in sides[1].name
+    assert not fig.layout.annotations  # the R² threshold too is a legend entry
     fig = plots.distractor_ratio_by_head([16, 32], [[0.5, 0.4]], [[0.5, 0.45]], title="t", train_len=16)
     assert [s.x0 for s in fig.layout.shapes] == [16.0]
 

@@ -7,6 +7,11 @@ must change the plotted data; no page may log a JavaScript error; no
 ipywidgets placeholder may be left unrendered. Each page is screenshotted in
 light and dark mode into ``artifacts/screenshots/``; in dark mode every
 figure must keep its white paper background (readable lines and labels).
+At a desktop (1280 px) and a phone (400 px) window, no page may be wider than the
+window (``document.documentElement.scrollWidth``), no text of a figure may be
+clipped or overlap other text, and no annotation's text may cover a drawn data
+mark (a trace's line, marker or bar): labels of reference lines belong in the
+legend.
 
 The live panels (lengthgen_utils.live) are tested on their pages: each slider, moved with the keyboard,
 must make the page retrain in its Web Worker and redraw a different, finite figure, both when the page
@@ -105,6 +110,73 @@ TEXT_BOXES_JS = """(i) => { const gd = document.querySelectorAll('.js-plotly-plo
                   x1: r.right - fig.left, y1: r.bottom - fig.top});
     }
     return {width: fig.width, height: fig.height, texts: out}; }"""
+
+
+# Per annotation of figure i whose text box covers a drawn data mark: the annotation and the mark. Lines are sampled
+# along their path every 1.5 px (only inside their subplot's clip area: what is drawn); markers, bars and boxes count
+# by their box. Both boxes are shrunk by 1.5 px, so a line that only grazes a label's edge does not count.
+ANNOTATION_DATA_JS = """(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];
+    const tol = 1.5, shown = (e) => { for (let n = e; n && n !== gd; n = n.parentNode) {
+        if (!n.getAttribute) continue; const st = getComputedStyle(n);
+        if (st.display === 'none' || st.visibility === 'hidden' || parseFloat(st.opacity || '1') === 0) return false; }
+        return true; };
+    const boxes = [];
+    for (const g of gd.querySelectorAll('g.annotation')) {
+        const t = g.querySelector('text');
+        if (!t || !t.textContent.trim() || !shown(t)) continue;
+        const r = t.getBoundingClientRect();
+        if (r.width && r.height) boxes.push({text: t.textContent.trim().slice(0, 40), x0: r.left + tol, y0: r.top + tol,
+                                             x1: r.right - tol, y1: r.bottom - tol});
+    }
+    if (!boxes.length) return [];
+    const clipOf = (e) => { for (let n = e; n && n !== gd; n = n.parentNode) {  // the clip rect, in page pixels
+        const c = n.getAttribute && n.getAttribute('clip-path'); const m = c && c.match(/url\\(['"]?#([^'")]+)/);
+        const rect = m && document.getElementById(m[1]) && document.getElementById(m[1]).querySelector('rect');
+        if (rect) { const k = n.getScreenCTM(), at = (a) => parseFloat(rect.getAttribute(a) || '0');
+            const x0 = at('x'), y0 = at('y'), x1 = x0 + at('width'), y1 = y0 + at('height');
+            return {left: k.a * x0 + k.c * y0 + k.e, top: k.b * x0 + k.d * y0 + k.f,
+                    right: k.a * x1 + k.c * y1 + k.e, bottom: k.b * x1 + k.d * y1 + k.f}; } }
+        return null; };
+    const name = (e) => { const t = e.closest('g.trace'); const d = t && t.__data__; const tr = d && d[0] && d[0].trace;
+        return (tr && tr.name) || (t && t.getAttribute('class')) || 'a trace'; };
+    const out = [], seen = new Set();
+    const hit = (b, e) => { const key = b.text + '|' + name(e); if (!seen.has(key)) { seen.add(key);
+        out.push(`annotation ${JSON.stringify(b.text)} covers data of ${JSON.stringify(String(name(e)).slice(0, 40))}`); } };
+    for (const p of gd.querySelectorAll('g.trace path.js-line')) {
+        const st = getComputedStyle(p);
+        if (!shown(p) || st.stroke === 'none' || parseFloat(st.strokeWidth || '0') === 0
+            || parseFloat(st.strokeOpacity || '1') === 0 || (p.getAttribute('d') || '').length < 4) continue;
+        const r = p.getBoundingClientRect(), clip = clipOf(p);
+        const near = boxes.filter(b => r.right + 3 >= b.x0 && r.left - 3 <= b.x1 && r.bottom + 3 >= b.y0 && r.top - 3 <= b.y1);
+        if (!near.length) continue;
+        const m = p.getScreenCTM(), n = p.getTotalLength();
+        for (let s = 0; s <= n && near.length; s += 1.5) {
+            const q = p.getPointAtLength(s), x = m.a * q.x + m.c * q.y + m.e, y = m.b * q.x + m.d * q.y + m.f;
+            if (clip && (x < clip.left || x > clip.right || y < clip.top || y > clip.bottom)) continue;
+            for (let j = near.length - 1; j >= 0; j--) {
+                const b = near[j]; if (x > b.x0 && x < b.x1 && y > b.y0 && y < b.y1) { hit(b, p); near.splice(j, 1); } }
+        }
+    }
+    for (const p of gd.querySelectorAll('g.trace path.point, g.trace.bars g.point path, g.trace.boxes path.box')) {
+        if (!shown(p)) continue;
+        const r = p.getBoundingClientRect();
+        if (!r.width && !r.height) continue;
+        for (const b of boxes) if (r.right > b.x0 && r.left < b.x1 && r.bottom > b.y0 && r.top < b.y1) hit(b, p);
+    }
+    return out; }"""
+
+# The page's width against the window's, and the elements that stick out past the window's right edge.
+PAGE_WIDTH_JS = """() => { const w = window.innerWidth, wide = [];
+    for (const e of document.querySelectorAll('body *')) {
+        const r = e.getBoundingClientRect();
+        if (r.right > w + 1 && r.width > 0 && wide.length < 8) {
+            let scrolls = false;  // inside a box that scrolls sideways: it does not widen the page
+            for (let n = e.parentElement; n && n !== document.body; n = n.parentElement) {
+                const o = getComputedStyle(n).overflowX; if (o === 'auto' || o === 'scroll' || o === 'hidden') { scrolls = true; break; } }
+            const cls = typeof e.className === 'string' ? e.className.split(' ').slice(0, 2).join('.') : '';
+            if (!scrolls) wide.push(`${e.tagName.toLowerCase()}.${cls} right ${Math.round(r.right)} px: `
+                                    + (e.textContent || '').trim().slice(0, 50)); } }
+    return {scroll: document.documentElement.scrollWidth, window: w, wide: wide}; }"""
 
 
 def layout_problems(boxes: dict, tolerance: float = 1.5) -> list[str]:
@@ -248,10 +320,27 @@ def test_dark_mode_keeps_figures_readable(browser, page_name):
 @needs_browser
 @pytest.mark.parametrize("width", [1280, 400])
 @pytest.mark.parametrize("page_name", PAGES)
+def test_page_is_no_wider_than_the_window(browser, page_name, width):
+    """At a desktop (1280 px) and a phone (400 px) window, the page does not scroll sideways: nothing (a line of
+    inline code, a figure, a table outside its scrolling box) is wider than the window."""
+    page, errors, blocked = open_page(browser, page_name, dark=False, width=width)
+    try:
+        dims = page.evaluate(PAGE_WIDTH_JS)
+        assert dims["scroll"] <= dims["window"], (
+            f"{page_name} at {width} px is {dims['scroll']} px wide (window {dims['window']} px); sticking out:\n  "
+            + "\n  ".join(dims["wide"]))
+    finally:
+        page.context.close()
+
+
+@needs_browser
+@pytest.mark.parametrize("width", [1280, 400])
+@pytest.mark.parametrize("page_name", PAGES)
 def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, width):
     """At a desktop (1280 px) and a phone (400 px) width, no text element of any figure (title, axis titles, tick
-    labels, legend, annotations, slider and colour-bar labels) is cut by the figure's box or overlaps another, and
-    the toolbar, shown on hover, covers no title or legend text."""
+    labels, legend, annotations, slider and colour-bar labels) is cut by the figure's box or overlaps another, no
+    annotation's text covers a drawn line, marker or bar of the data, and the toolbar, shown on hover, covers no
+    title or legend text."""
     page, errors, blocked = open_page(browser, page_name, dark=False, width=width)
     try:
         problems = []
@@ -260,6 +349,7 @@ def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, widt
             gd.scroll_into_view_if_needed()
             boxes = page.evaluate(TEXT_BOXES_JS, i)
             problems += [f"figure {i}: {p}" for p in layout_problems(boxes)]
+            problems += [f"figure {i}: {p}" for p in page.evaluate(ANNOTATION_DATA_JS, i)]
             gd.hover(position={"x": boxes["width"] - 3, "y": boxes["height"] - 3})  # outside the plot area
             page.wait_for_timeout(150)
             bar = page.evaluate("(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];"
