@@ -23,7 +23,8 @@ The conditions (``--conditions`` picks some by name):
 None of them changes what a claim depends on; a check that fails under one is fragile, and a claim
 that is really a rate must be stated as one. A condition's results cache is kept in
 ``.cache/robustness/<profile>/<condition>`` (so a rerun after editing a checks cell recomputes only what
-changed); ``--fresh`` empties it first.
+changed); ``--fresh`` empties it first. The condition's records (every chapter's claim and checks, as the
+run wrote them) are kept beside it in ``records/``, to compare two versions of the code.
 """
 from __future__ import annotations
 
@@ -121,6 +122,10 @@ def run_condition(condition: Condition, notebooks, profile: str, cache_root: Pat
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        kept = cache_root / _safe(condition.name) / "records"  # this condition's claims and checks, for a diff later
+        shutil.rmtree(kept, ignore_errors=True)
+        if (work / "claims" / run).is_dir():
+            shutil.copytree(work / "claims" / run, kept)
         shutil.rmtree(work, ignore_errors=True)
     return outcomes
 
