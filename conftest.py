@@ -9,7 +9,7 @@ the other one to get a core back made the transformer chapters several times slo
 thread yields its core instead. It changes no number (the thread count is the same), and it must
 be set before torch loads its OpenMP runtime, which is why it is set here.
 
-``LENGTHGEN_RUN_ID``: the test session is a run of its own (``lengthgen_utils.scoreboard``): its chapters
+``LENGTHGEN_RUN_ID``: the test session is a run of its own (``lengthgen_utils.book.scoreboard``): its chapters
 record their claims in a folder of their own, so a book build in the same checkout at the same
 time never shows this session's records, nor this session the build's.
 """
@@ -18,6 +18,6 @@ import os
 os.environ.setdefault("LENGTHGEN_PROFILE", "quick")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before anything imports torch
 
-from lengthgen_utils.scoreboard import RUN_ENV, new_run_id  # noqa: E402  (imports torch)
+from lengthgen_utils.book.scoreboard import RUN_ENV, new_run_id
 
 os.environ.setdefault(RUN_ENV, new_run_id("pytest"))

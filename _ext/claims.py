@@ -1,6 +1,6 @@
 """Sphinx extension: every build of the book is a run of its own, with its own claims records.
 
-Each chapter's checks cell records what it established (``lengthgen_utils.scoreboard``); the
+Each chapter's checks cell records what it established (``lengthgen_utils.book.scoreboard``); the
 scoreboard page reads those records back. The build gives itself a fresh run id
 (``$LENGTHGEN_RUN_ID``, unless the caller set one) before any notebook is executed, so the kernels it
 starts inherit it: the chapters write into ``_build/claims/<run id>/`` and the scoreboard reads that
@@ -9,7 +9,7 @@ another folder, and a record of an earlier build is never shown as this one's.
 """
 import os
 
-from lengthgen_utils.scoreboard import RUN_ENV, clear_run, new_run_id
+from lengthgen_utils.book.scoreboard import RUN_ENV, clear_run, new_run_id
 
 
 def _start_run(app):

@@ -1,7 +1,7 @@
 """Sphinx extension: serve plotly.js and MathJax from the book itself, so pages work with no network.
 
 * Chapters display figures as HTML snippets that call ``Plotly.newPlot`` but
-  do not embed plotly.js (``lengthgen_utils.plots.BookRenderer``). The
+  do not embed plotly.js (``lengthgen_utils.book.plots.BookRenderer``). The
   ``plotly.min.js`` bundled in the installed ``plotly`` package is copied to
   ``_static/`` once and loaded on every page before the page's own scripts.
 * Math is typeset by MathJax 3 from the copy that the ``django-static-mathjax``

@@ -5,7 +5,7 @@ Data flows one way::
     tasks, positional  ->  attention  ->  models  ->  training  ->  evaluation, kernel, probes, theory  ->  plots
                                      configs, profiles -> runners (through cache) -> the chapters
 
-* ``tasks``: the tasks, behind one protocol (:class:`~lengthgen_utils.tasks.Task`);
+* ``tasks``: the tasks, behind one protocol (:class:`~lengthgen_utils.core.tasks.Task`);
 * ``positional``: position encodings as objects behind one interface, a registry, RoPE's numerics;
 * ``attention``: masks, scores and normalisers (one place for numerics);
 * ``models``: the retrieval head, the kernel head and the transformer;

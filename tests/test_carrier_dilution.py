@@ -4,12 +4,13 @@ import math
 import pytest
 import torch
 
-from lengthgen_utils import kernel as analysis
-from lengthgen_utils import theory
-from lengthgen_utils.evaluation import accuracy_by_length, target_attention_mass
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import RoPE, rope_inverse_frequencies
-from lengthgen_utils.tasks import FixedOffsetRetrieval
+from lengthgen_utils.analysis import kernel as analysis
+from lengthgen_utils.analysis import theory
+from lengthgen_utils.run.evaluation import accuracy_by_length, target_attention_mass
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import RoPE
+from lengthgen_utils.core.rope import rope_inverse_frequencies
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -166,7 +167,7 @@ def test_scaled_accuracy_with_unit_scale_matches_accuracy_by_length():
 
 
 def test_slider_figures_have_one_step_per_panel():
-    from lengthgen_utils import plots
+    from lengthgen_utils.book import plots
     import numpy as np
     fig = plots.kernel_slider([-2, -1, 0], {1: np.zeros((2, 3)), 2: np.ones((2, 3))}, 16, "t")
     steps = fig.layout.sliders[0].steps
@@ -182,7 +183,7 @@ def test_slider_figures_have_one_step_per_panel():
 
 def test_alias_vs_failure_draws_censored_heads_apart():
     """A head that never failed, or has no alias, is drawn in its own labelled row/column, never at a number."""
-    from lengthgen_utils import plots
+    from lengthgen_utils.book import plots
 
     alias, fail = [20, 600, None, None], [32, None, 256, None]
     fig = plots.alias_vs_failure(alias, fail, ["a", "b", "c", "d"], longest_tested=1024, alias_search=4096, title="t")

@@ -1,19 +1,19 @@
 """Every registered position encoding runs through every model, probe and figure (the encoding interface).
 
-A new encoding registered in ``lengthgen_utils.positional`` is picked up here without new test code;
+A new encoding registered in ``lengthgen_utils.core.encodings`` is picked up here without new test code;
 tests of a particular encoding against an independent reference follow below the walk.
 """
 import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils import plots
-from lengthgen_utils.configs import RetrievalExperiment, TransformerExperiment
-from lengthgen_utils.models import RetrievalHead, Transformer
-from lengthgen_utils.positional import ENCODINGS, Encoding, encoding_names, get_encoding
-from lengthgen_utils.probes import diagonal_spread, position_logits, shift_invariance, shift_logit_difference
-from lengthgen_utils.tasks import DelayedCopy, FixedOffsetRetrieval
-from lengthgen_utils.training import train, train_sequence
+from lengthgen_utils.book import plots
+from lengthgen_utils.run.configs import RetrievalExperiment, TransformerExperiment
+from lengthgen_utils.core.models import RetrievalHead, Transformer
+from lengthgen_utils.core.encodings import ENCODINGS, Encoding, encoding_names, get_encoding
+from lengthgen_utils.analysis.probes import diagonal_spread, position_logits, shift_invariance, shift_logit_difference
+from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.run.training import train, train_sequence
 
 REGISTERED = [get_encoding(name) for name in encoding_names()]
 IDS = [pe.name for pe in REGISTERED]
@@ -123,7 +123,7 @@ def reference_alibi_slopes(n):
 
 
 def test_alibi_slopes_match_the_papers_values_for_any_head_count():
-    from lengthgen_utils.positional import alibi_slopes
+    from lengthgen_utils.core.encodings import alibi_slopes
 
     assert alibi_slopes(8).tolist() == [2.0 ** -i for i in range(1, 9)]  # the paper's example: 1/2 .. 1/256
     assert alibi_slopes(1).tolist() == [2.0 ** -8]
@@ -135,7 +135,7 @@ def test_alibi_slopes_match_the_papers_values_for_any_head_count():
 
 @pytest.mark.parametrize("n_heads, error", [(0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError)])
 def test_alibi_rejects_a_non_positive_head_count(n_heads, error):
-    from lengthgen_utils.positional import ALiBi, alibi_slopes
+    from lengthgen_utils.core.encodings import ALiBi, alibi_slopes
 
     with pytest.raises(error, match="n_heads"):
         alibi_slopes(n_heads)
@@ -144,7 +144,7 @@ def test_alibi_rejects_a_non_positive_head_count(n_heads, error):
 
 
 def test_alibi_bias_is_the_slope_times_the_relative_position():
-    from lengthgen_utils.positional import ALiBi, alibi_slopes
+    from lengthgen_utils.core.encodings import ALiBi, alibi_slopes
 
     pe = get_encoding("alibi")
     assert isinstance(pe, ALiBi) and pe.relative and pe.label == "ALiBi"
@@ -171,7 +171,7 @@ def test_sinusoidal_table_matches_the_papers_closed_form():
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), written out element by element."""
     import math
 
-    from lengthgen_utils.positional import sinusoidal_table
+    from lengthgen_utils.core.encodings import sinusoidal_table
 
     for d_model in (1, 6, 7, 32):
         positions = [0, 1, 2, 5, 17, 255, 1000]
@@ -186,7 +186,7 @@ def test_sinusoidal_table_matches_the_papers_closed_form():
 
 def test_sinusoidal_shift_is_a_fixed_rotation_of_each_channel_pair():
     """The paper's motivation: PE(t + k) is a linear function of PE(t), the same for every t."""
-    from lengthgen_utils.positional import sinusoidal_table
+    from lengthgen_utils.core.encodings import sinusoidal_table
 
     d, k = 16, 7
     t = torch.arange(0, 300)
@@ -198,7 +198,7 @@ def test_sinusoidal_shift_is_a_fixed_rotation_of_each_channel_pair():
 
 
 def test_sinusoidal_encoding_is_fixed_through_training_and_limited_to_its_table():
-    from lengthgen_utils.positional import SinusoidalAPE, sinusoidal_table
+    from lengthgen_utils.core.encodings import SinusoidalAPE, sinusoidal_table
 
     model = RetrievalHead(pe="sinusoidal", n_models=2, max_len=40)
     expected = sinusoidal_table(torch.arange(40), 32).float()
@@ -227,7 +227,7 @@ def reference_t5_bucket(relative_position, num_buckets=32, max_distance=128):
 
 @pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 20), (2, 5), (17, 64)])
 def test_t5_buckets_match_the_reference_formula(num_buckets, max_distance):
-    from lengthgen_utils.positional import t5_relative_buckets
+    from lengthgen_utils.core.encodings import t5_relative_buckets
 
     rel = torch.arange(-3000, 4)
     got = t5_relative_buckets(rel, num_buckets, max_distance)
@@ -235,7 +235,7 @@ def test_t5_buckets_match_the_reference_formula(num_buckets, max_distance):
 
 
 def test_t5_bucket_values_at_the_papers_settings():
-    from lengthgen_utils.positional import t5_relative_buckets
+    from lengthgen_utils.core.encodings import t5_relative_buckets
 
     d = torch.tensor([0, 1, 15, 16, 20, 32, 64, 127, 128, 10_000])  # 16 + floor(16 log(d/16) / log 8) from 16 on
     assert t5_relative_buckets(-d).tolist() == [0, 1, 15, 16, 17, 21, 26, 31, 31, 31]
@@ -247,7 +247,7 @@ def test_t5_bucket_values_at_the_papers_settings():
 
 
 def test_t5_bias_is_a_per_head_table_lookup_and_unseen_buckets_keep_their_initial_value():
-    from lengthgen_utils.positional import T5Bias, t5_relative_buckets
+    from lengthgen_utils.core.encodings import T5Bias, t5_relative_buckets
 
     pe = T5Bias()
     params = {"t5_bias": torch.randn(2, 3, 32)}
@@ -269,7 +269,7 @@ def test_t5_bias_is_a_per_head_table_lookup_and_unseen_buckets_keep_their_initia
 
 # ---------------------------------------------------------------- randomised positions (Ruoss et al. 2023)
 def test_randomized_positions_are_a_sorted_subset_or_a_shifted_block_of_the_range():
-    from lengthgen_utils.positional import LearnedAPE, RandomizedPositions
+    from lengthgen_utils.core.encodings import LearnedAPE, RandomizedPositions
 
     subset = RandomizedPositions(LearnedAPE(), max_position=50)
     shift = RandomizedPositions("ape", max_position=50, contiguous=True)
@@ -294,7 +294,7 @@ def test_randomized_positions_are_a_sorted_subset_or_a_shifted_block_of_the_rang
 
 def test_randomized_positions_change_training_only():
     """Same parameters, same function at test positions 0..L-1 as the base encoding: only training differs."""
-    from lengthgen_utils.positional import RandomizedPositions, RoPE
+    from lengthgen_utils.core.encodings import RandomizedPositions, RoPE
 
     for base in ("ape", RoPE()):
         plain = RetrievalHead(pe=base, n_models=2, max_len=64)
@@ -308,7 +308,7 @@ def test_randomized_positions_change_training_only():
 def test_training_loops_place_batches_at_the_encodings_training_positions():
     """Table rows beyond the training length move only when the encoding draws positions there (train and
     train_sequence), and rows beyond max_position never do."""
-    from lengthgen_utils.positional import RandomizedPositions
+    from lengthgen_utils.core.encodings import RandomizedPositions
 
     for pe, moved in (("ape", False), (RandomizedPositions("ape", 48, contiguous=True), True),
                       (RandomizedPositions("ape", 48), True)):
@@ -341,7 +341,7 @@ def test_transformer_accepts_positions_as_a_global_shift_would_give_them():
 # ---------------------------------------------------------------- RoPE scaled at test time (PI, NTK-aware)
 def test_position_interpolation_divides_every_frequency_by_the_extension_factor():
     """Chen et al. 2023: position t is rotated as t * L_train / L; theta_i = 10000^(-2i/d) otherwise."""
-    from lengthgen_utils.positional import RoPEInterpolation
+    from lengthgen_utils.core.encodings import RoPEInterpolation
 
     pe = RoPEInterpolation(train_len=16)
     for seq_len, factor in ((5, 1.0), (16, 1.0), (24, 1.5), (256, 16.0)):
@@ -352,7 +352,7 @@ def test_position_interpolation_divides_every_frequency_by_the_extension_factor(
 def test_ntk_aware_scaling_raises_the_base_and_keeps_the_highest_frequency():
     """Peng et al. 2023 (YaRN), NTK-aware: b' = b * s^(d/(d-2)); theta_0 = 1 stays, the lowest frequency is
     divided by s exactly."""
-    from lengthgen_utils.positional import RoPENTK
+    from lengthgen_utils.core.encodings import RoPENTK
 
     pe = RoPENTK(train_len=32)
     d = 16
@@ -370,7 +370,7 @@ def test_ntk_aware_scaling_raises_the_base_and_keeps_the_highest_frequency():
 
 @pytest.mark.parametrize("name", ["rope_pi", "rope_ntk"])
 def test_scaled_rope_is_rope_up_to_the_training_length_and_rotates_by_its_own_angles_beyond(name):
-    from lengthgen_utils.positional import rope_rotation_matrix
+    from lengthgen_utils.core.rope import rope_rotation_matrix
 
     rope = RetrievalHead(pe="rope", n_models=2)
     scaled = RetrievalHead(pe=get_encoding(name).__class__(train_len=16), n_models=2)

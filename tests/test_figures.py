@@ -3,7 +3,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from lengthgen_utils import plots
+from lengthgen_utils.book import plots
 
 
 def test_titles_wrap_to_a_phone_column_and_the_top_margin_holds_them():
@@ -160,8 +160,8 @@ def test_a_slider_of_many_steps_numbers_them_and_names_each_in_full():
 
 def test_red_means_ape_alone():
     """One colour per encoding and model across the book, and red is learned APE's only."""
-    from lengthgen_utils import zoo
-    from lengthgen_utils.positional import ENCODINGS, RotaryFrequencies, get_encoding
+    from lengthgen_utils.run import zoo
+    from lengthgen_utils.core.encodings import ENCODINGS, RotaryFrequencies, get_encoding
 
     encodings = {pe.label: pe.color for pe in [get_encoding(n) for n in ENCODINGS] + list(zoo.zoo_encodings(16))
                  + [RotaryFrequencies()]}

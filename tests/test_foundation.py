@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from lengthgen_utils.configs import RetrievalExperiment
-from lengthgen_utils.evaluation import accuracy_by_length
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import (LearnedAPE, apply_rope, rope_angles, rope_inverse_frequencies,
-                                        rope_rotation_matrix)
-from lengthgen_utils.profiles import PROFILES, get_profile
-from lengthgen_utils.tasks import IGNORE_INDEX, FixedOffsetRetrieval
-from lengthgen_utils.training import train
+from lengthgen_utils.run.configs import RetrievalExperiment
+from lengthgen_utils.run.evaluation import accuracy_by_length
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import LearnedAPE
+from lengthgen_utils.core.rope import apply_rope, rope_angles, rope_inverse_frequencies, rope_rotation_matrix
+from lengthgen_utils.run.profiles import PROFILES, get_profile
+from lengthgen_utils.core.tasks import IGNORE_INDEX, FixedOffsetRetrieval
+from lengthgen_utils.run.training import train
 
 
 def gen(seed=0):

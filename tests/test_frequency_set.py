@@ -5,12 +5,13 @@ import math
 import pytest
 import torch
 
-from lengthgen_utils import kernel, probes, theory
-from lengthgen_utils.configs import RetrievalExperiment, RetrievalSweep, SnapshotSweep
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import RoPE, rope_inverse_frequencies
-from lengthgen_utils.runners import run_snapshots, untrained_heads
-from lengthgen_utils.training import train
+from lengthgen_utils.analysis import kernel, probes, theory
+from lengthgen_utils.run.configs import RetrievalExperiment, RetrievalSweep, SnapshotSweep
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import RoPE
+from lengthgen_utils.core.rope import rope_inverse_frequencies
+from lengthgen_utils.run.runners import run_snapshots, untrained_heads
+from lengthgen_utils.run.training import train
 
 scipy_special = pytest.importorskip("scipy.special")
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -265,9 +266,9 @@ def test_a_snapshot_equals_the_ensemble_trained_for_that_many_steps():
     train(alone, sweep.tasks, steps=5, batch_size=8, lr=sweep.lr, train_len=16, seed=0, device="cpu",
           min_train_len=sweep.shortest_train_len)
     for name, p in alone.named_parameters():
-        torch.testing.assert_close(dict(result.models[5].named_parameters())[name], p)
-    assert result.accuracy[12].shape == (4, 3) and result.loss_history.shape == (12, 4)
-    assert result.offsets == [1, 1, 3, 3] and result.lengths == [16, 20, 32]
+        torch.testing.assert_close(dict(result.where(step=5).model.named_parameters())[name], p)
+    assert result.where(step=12).accuracy.shape == (4, 3) and result.where(step=12).loss_history.shape == (12, 4)
+    assert result.where(step=5).offsets == [1, 1, 3, 3] and result.lengths == [16, 20, 32]
 
 
 def test_length_temperature_changes_training_and_configs_validate():
@@ -275,7 +276,7 @@ def test_length_temperature_changes_training_and_configs_validate():
     plain = run_snapshots(SnapshotSweep(sweep, (12,), (16, 32), eval_samples=16), cache=False, device="cpu")
     scaled = run_snapshots(SnapshotSweep(sweep, (12,), (16, 32), eval_samples=16, length_temperature=True),
                            cache=False, device="cpu")
-    assert not torch.equal(plain.models[12].w_q, scaled.models[12].w_q)
+    assert not torch.equal(plain.where(step=12).model.w_q, scaled.where(step=12).model.w_q)
     with pytest.raises(ValueError, match="snapshot_steps"):
         SnapshotSweep(sweep, (13,), (16,))
     with pytest.raises(ValueError, match="lengths"):
@@ -300,7 +301,7 @@ def test_mean_distractor_weight_and_law_fit_agree_with_the_exact_ratio():
 
 # ---------------------------------------------------------------- figures
 def test_new_figures_build_label_and_validate():
-    from lengthgen_utils import plots
+    from lengthgen_utils.book import plots
 
     fig = plots.measure_vs_nulls({"trained": [0.9, 0.95], "untrained": torch.rand(300)}, "C", title="t")
     assert len(fig.data) == 2 and fig.data[1].name.startswith("untrained")

@@ -18,14 +18,14 @@ import os
 import pytest
 import torch
 
-from lengthgen_utils import cache as lg_cache
-from lengthgen_utils import configs, runners
-from lengthgen_utils.cache import cache_description
-from lengthgen_utils.evaluation import accuracy_by_length, token_accuracy_by_position
-from lengthgen_utils.models import KernelHead, LinearRNN, RetrievalHead, Transformer
-from lengthgen_utils.positional import apply_rope
-from lengthgen_utils.tasks import DelayedCopy, FixedOffsetRetrieval
-from lengthgen_utils.training import train, train_sequence, train_squared_loss
+from lengthgen_utils.run import cache as lg_cache
+from lengthgen_utils.run import configs, runners
+from lengthgen_utils.run.cache import cache_description
+from lengthgen_utils.run.evaluation import accuracy_by_length, token_accuracy_by_position
+from lengthgen_utils.core.models import KernelHead, LinearRNN, RetrievalHead, Transformer
+from lengthgen_utils.core.rope import apply_rope
+from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.run.training import train, train_sequence, train_squared_loss
 
 DEVICE = os.environ.get("LENGTHGEN_GPU_TEST_DEVICE", "cuda")
 

@@ -5,15 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils import theory as th
-from lengthgen_utils.configs import SPREAD_FREQUENCIES, RetrievalExperiment
-from lengthgen_utils.evaluation import squared_error_by_length
-from lengthgen_utils.kernel import factorized_kernel
-from lengthgen_utils.models import KernelHead, RetrievalHead
-from lengthgen_utils.positional import apply_rope, rope_inverse_frequencies, rope_kernel_coefficients, rope_kernel_features
-from lengthgen_utils.runners import run_kernel_head
-from lengthgen_utils.tasks import FixedOffsetRetrieval
-from lengthgen_utils.training import train_squared_loss
+from lengthgen_utils.analysis import theory as th
+from lengthgen_utils.run.configs import SPREAD_FREQUENCIES, RetrievalExperiment
+from lengthgen_utils.run.evaluation import squared_error_by_length
+from lengthgen_utils.analysis.kernel import factorized_kernel
+from lengthgen_utils.core.models import KernelHead, RetrievalHead
+from lengthgen_utils.core.rope import (apply_rope, rope_inverse_frequencies, rope_kernel_coefficients,
+                                       rope_kernel_features)
+from lengthgen_utils.run.runners import run_kernel_head
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+from lengthgen_utils.run.training import train_squared_loss
 
 TASK = FixedOffsetRetrieval(16, 3)
 T = th.trained_relative_positions(16, 3)
@@ -139,7 +140,7 @@ def test_per_model_seeds_reject_bad_input(model, seed, error):
 
 
 def test_kernel_head_run_is_cached(tmp_path, monkeypatch):
-    from lengthgen_utils import runners
+    from lengthgen_utils.run import runners
 
     exp = RetrievalExperiment(n_seeds=2, steps=20, batch_size=16, eval_samples=32, length_multiples=(1, 2))
     first = run_kernel_head(exp, "spread", SPREAD_FREQUENCIES, cache=tmp_path, device="cpu")
@@ -226,7 +227,7 @@ def test_kernel_head_rejects_bad_input():
 
 def test_kernel_head_is_evaluated_by_the_shared_accuracy_function():
     """accuracy_by_length drives every model type through one call (a KernelHead once broke it)."""
-    from lengthgen_utils.evaluation import accuracy_by_length
+    from lengthgen_utils.run.evaluation import accuracy_by_length
 
     model = KernelHead(init_std=1.0, n_models=2)
     acc = accuracy_by_length(model, FixedOffsetRetrieval(16, 3), [16, 32], n_samples=64)

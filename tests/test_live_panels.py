@@ -1,4 +1,4 @@
-"""lengthgen_utils.live, the Python side of the live panels: what a cell emits, and the input it refuses.
+"""lengthgen_utils.book.live, the Python side of the live panels: what a cell emits, and the input it refuses.
 
 (The JavaScript that retrains the panels is tested against the package in test_live_trainer.py, and on the
 built pages by the browser test.)"""
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils import kernel, live
-from lengthgen_utils.configs import RetrievalExperiment
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.runners import RetrievalResult
+from lengthgen_utils.analysis import kernel
+from lengthgen_utils.book import live
+from lengthgen_utils.run.configs import RetrievalExperiment
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.run.results import Ensemble, Runs
 
 TEXT = {"static": "static", "ready": "ready", "initial": "back", "title": "t {a}"}
 CONTROLS = [{"name": "a", "label": "a", "values": [1, 2, 3]}, {"name": "b", "label": "b", "values": [4, 8, 16]}]
@@ -75,7 +76,10 @@ def test_live_panel_refuses_a_panel_that_could_not_work(change, message):
 
 def _result(pe, accuracy, **fields):
     exp = RetrievalExperiment(pe=pe, n_seeds=accuracy.shape[0], steps=7, offset=3, **fields)
-    return RetrievalResult(exp, None, torch.zeros(7, accuracy.shape[0]), exp.eval_lengths, accuracy)
+    members = [{"pe": exp.pe, "attention": "softmax", "offset": 3, "seed": s, "task": exp.task}
+               for s in range(exp.n_seeds)]
+    return Runs(exp, members, exp.eval_lengths, accuracy, [Ensemble(None, list(range(exp.n_seeds)))],
+                torch.zeros(7, accuracy.shape[0]))
 
 
 def test_accuracy_panel_shows_the_first_seeds_and_gives_the_page_the_runs_recipe():

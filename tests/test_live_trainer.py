@@ -1,10 +1,10 @@
 """The web page's trainer (``_static/lengthgen_live.js``) against the package, run in headless Chromium.
 
-The page trains the book's retrieval head in plain JavaScript (lengthgen_utils.live). These tests
+The page trains the book's retrieval head in plain JavaScript (lengthgen_utils.book.live). These tests
 prove it is the same model:
 
 * **Training, step by step.** Python builds one head (float64), trains it with the package's own
-  :func:`~lengthgen_utils.training.train` and records every batch it drew and every step's loss
+  :func:`~lengthgen_utils.run.training.train` and records every batch it drew and every step's loss
   (a forward hook on the model); the JavaScript trainer starts from the same initial parameters,
   is fed the same batches and must give the same loss at every step and the same final parameters,
   to 1e-9 relative (measured: 1e-10 or better), for RoPE, learned APE, NoPE and ALiBi, with and
@@ -35,11 +35,12 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils import kernel, live, plots, theory
-from lengthgen_utils.evaluation import accuracy_by_length
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.tasks import FixedOffsetRetrieval, query_targets
-from lengthgen_utils.training import ensemble_cross_entropy, train
+from lengthgen_utils.analysis import kernel, theory
+from lengthgen_utils.book import live, plots
+from lengthgen_utils.run.evaluation import accuracy_by_length
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval, query_targets
+from lengthgen_utils.run.training import ensemble_cross_entropy, train
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "_static" / "lengthgen_live.js"
@@ -238,7 +239,7 @@ def test_a_trained_heads_accuracy_by_length_is_the_packages(page, trained):
 
 def test_a_trained_heads_kernel_and_aliases_are_the_packages(page, trained):
     """s(D) over 4096 relative positions, the spectrum, the dominant pairs, the candidate and predicted aliases
-    and the scanned first alias, from the page's script and from lengthgen_utils.kernel."""
+    and the scanned first alias, from the page's script and from lengthgen_utils.analysis.kernel."""
     _, heads = trained
     model = heads["rope"]
     n, k, T, far = 4096, 3, 16, 4095

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 import torch
 
-from lengthgen_utils.positional import apply_rope
+from lengthgen_utils.core.rope import apply_rope
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "chapters" / "00_the_model.ipynb"

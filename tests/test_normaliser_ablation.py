@@ -5,16 +5,16 @@ import math
 import pytest
 import torch
 
-from lengthgen_utils import kernel, theory
-from lengthgen_utils.attention import EXP_MAX_LOGIT, ROW_WEIGHTS, row_weights
-from lengthgen_utils.configs import RetrievalExperiment
-from lengthgen_utils.evaluation import accuracy_by_length
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import (RoPE, RotaryFrequencies, WELL_CONDITIONED_FREQUENCIES,
-                                        get_encoding, rope_kernel_features)
-from lengthgen_utils.probes import position_attention
-from lengthgen_utils.runners import run_kernel_head
-from lengthgen_utils.tasks import FixedOffsetRetrieval
+from lengthgen_utils.analysis import kernel, theory
+from lengthgen_utils.core.attention import EXP_MAX_LOGIT, ROW_WEIGHTS, row_weights
+from lengthgen_utils.run.configs import RetrievalExperiment
+from lengthgen_utils.run.evaluation import accuracy_by_length
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import RoPE, RotaryFrequencies, WELL_CONDITIONED_FREQUENCIES, get_encoding
+from lengthgen_utils.core.rope import rope_kernel_features
+from lengthgen_utils.analysis.probes import position_attention
+from lengthgen_utils.run.runners import run_kernel_head
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
 
 
 def test_each_normaliser_against_its_formula():

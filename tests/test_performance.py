@@ -1,6 +1,6 @@
 """Tests of the performance layer: batched multi-offset sweeps, the results cache, the command line.
 
-Nothing here is timed: speed is only printed by ``python -m lengthgen_utils.bench``.
+Nothing here is timed: speed is only printed by ``python -m lengthgen_utils.tools.bench``.
 """
 import hashlib
 import io
@@ -17,17 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from lengthgen_utils import cache as lg_cache
-from lengthgen_utils import runners
-from lengthgen_utils.__main__ import format_sweep_table, main
-from lengthgen_utils.cache import cache_description, load_or_run
-from lengthgen_utils.configs import RetrievalExperiment, RetrievalSweep
-from lengthgen_utils.models import RetrievalHead, Transformer
-from lengthgen_utils.positional import LearnedAPE, RoPE, apply_rope, get_encoding, rope_cos_sin
-from lengthgen_utils.profiles import PROFILES, Profile
-from lengthgen_utils.runners import run_retrieval, run_sweep
-from lengthgen_utils.tasks import FixedOffsetRetrieval
-from lengthgen_utils.training import cpu_threads, default_cpu_threads, train
+from lengthgen_utils.run import cache as lg_cache
+from lengthgen_utils.run import runners
+from lengthgen_utils.tools.cli import format_sweep_table, main
+from lengthgen_utils.run.cache import cache_description, load_or_run
+from lengthgen_utils.run.configs import RetrievalExperiment, RetrievalSweep
+from lengthgen_utils.core.models import RetrievalHead, Transformer
+from lengthgen_utils.core.encodings import LearnedAPE, RoPE, get_encoding
+from lengthgen_utils.core.rope import apply_rope, rope_cos_sin
+from lengthgen_utils.run.profiles import PROFILES, Profile
+from lengthgen_utils.run.runners import run_retrieval, run_sweep
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+from lengthgen_utils.run.training import cpu_threads, default_cpu_threads, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,16 +70,16 @@ def test_sweep_member_equals_its_experiment_run_alone(tmp_path):
     sweep = RetrievalSweep(pes=("rope", "ape"), offsets=(1, 3), n_seeds=2, steps=40, batch_size=64,
                            eval_samples=256, length_multiples=(1, 2))
     result = run_sweep(sweep, device="cpu", cache=tmp_path)
-    assert result.accuracy[(LearnedAPE(), "softmax")].shape == (2, 2, 2)
-    assert result.loss_history[(RoPE(), "softmax")].shape == (40, 2, 2)
-    assert result.models[(RoPE(), "softmax")].n_models == 4
+    assert result.where(pe=LearnedAPE(), attention="softmax").accuracy.shape == (4, 2)
+    assert result.where(pe=RoPE()).loss_history.shape == (40, 4) and result.loss_history.shape == (40, 8)
+    assert result.where(pe="rope").model.n_models == 4 and len(result.ensembles) == 2
     for pe in ("rope", "ape"):
         for k in (1, 3):
             exp = sweep.experiment(pe, k)
             assert exp.min_train_len == (None if k == 3 else 5)  # the sweep's shared stream: lengths 5..16
             alone = run_retrieval(exp, device="cpu", cache=False)
-            member = result.result(pe, k)
-            assert member.experiment == exp
+            member = result.where(pe=pe, offset=k)
+            assert member.config == sweep and member.label("task") == [exp.task] * 2
             torch.testing.assert_close(member.loss_history, alone.loss_history, rtol=1e-5, atol=1e-5)
             # float32 rounding may flip at most a near-tie prediction
             assert (member.accuracy - alone.accuracy).abs().max() <= 1 / 256 + 1e-12
@@ -125,7 +126,7 @@ def test_subset_copies_members_in_order():
 # ---------------------------------------------------------------- hot-path pieces keep the numbers
 def test_memoised_rope_tables_equal_apply_rope_bit_for_bit():
     x = torch.randn(3, 40, 16, generator=torch.Generator().manual_seed(0))
-    from lengthgen_utils.positional import rotate_pairs
+    from lengthgen_utils.core.rope import rotate_pairs
 
     cos, sin = rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))
     assert torch.equal(rotate_pairs(x, cos, sin), apply_rope(x, torch.arange(40) + 1000))
@@ -207,10 +208,10 @@ def test_training_and_evaluation_of_each_model_use_its_paths_thread_count(monkey
     """The rule lives in one place (training.CPU_THREADS): the single head trains and is evaluated with
     1 thread, the transformer with 2 (capped at the cores); $LENGTHGEN_THREADS overrides both; the count
     of the process is restored afterwards."""
-    from lengthgen_utils.evaluation import squared_error_by_length, token_accuracy_by_position
-    from lengthgen_utils.models import KernelHead
-    from lengthgen_utils.tasks import DelayedCopy
-    from lengthgen_utils.training import train_sequence, train_squared_loss
+    from lengthgen_utils.run.evaluation import squared_error_by_length, token_accuracy_by_position
+    from lengthgen_utils.core.models import KernelHead
+    from lengthgen_utils.core.tasks import DelayedCopy
+    from lengthgen_utils.run.training import train_sequence, train_squared_loss
 
     if threads_env is None:
         monkeypatch.delenv("LENGTHGEN_THREADS", raising=False)
@@ -222,7 +223,7 @@ def test_training_and_evaluation_of_each_model_use_its_paths_thread_count(monkey
     task = FixedOffsetRetrieval(16, 3)
     head = RetrievalHead(n_models=2)
     assert _threads_seen(head, lambda: train(head, task, steps=2, batch_size=8, device="cpu")) == {want_head}
-    from lengthgen_utils.evaluation import accuracy_by_length
+    from lengthgen_utils.run.evaluation import accuracy_by_length
     assert _threads_seen(head, lambda: accuracy_by_length(head, task, [16], n_samples=8)) == {want_head}
     kernel = KernelHead(n_models=2)
     assert _threads_seen(kernel, lambda: train_squared_loss(kernel, task, steps=2, batch_size=8,
@@ -232,7 +233,7 @@ def test_training_and_evaluation_of_each_model_use_its_paths_thread_count(monkey
     assert _threads_seen(model, lambda: train_sequence(model, copy, steps=2, batch_size=4, train_len=8,
                                                        device="cpu")) == {want_transformer}
     assert _threads_seen(model, lambda: token_accuracy_by_position(model, copy, 16, n_samples=4)) == {want_transformer}
-    from lengthgen_utils.probes import head_offset_profiles, shift_invariance
+    from lengthgen_utils.analysis.probes import head_offset_profiles, shift_invariance
     tokens, _ = copy.sample(2, 16, torch.Generator().manual_seed(0))
     assert _threads_seen(model, lambda: shift_invariance(model, tokens, (1, 7))) == {want_transformer}
     assert _threads_seen(model, lambda: head_offset_profiles(model, copy, 16, n_samples=2)) == {want_transformer}
@@ -295,8 +296,8 @@ def test_cache_key_covers_config_version_code_torch_device_and_threads(monkeypat
 def test_a_transformer_result_is_cached_per_thread_count(tmp_path, monkeypatch):
     """run_transformer keys its entry by the thread count it trains with: another count is another entry,
     the same count a hit (the loaded weights are the ones stored)."""
-    from lengthgen_utils.configs import TransformerExperiment
-    from lengthgen_utils.runners import run_transformer
+    from lengthgen_utils.run.configs import TransformerExperiment
+    from lengthgen_utils.run.runners import run_transformer
 
     exp = TransformerExperiment(d_model=16, n_heads=2, n_layers=1, batch_size=4, steps=2, n_seeds=1,
                                 eval_samples=2, eval_lengths=(32,))
@@ -411,7 +412,7 @@ def test_cache_can_be_switched_off(tmp_path, monkeypatch):
 
 _KILLED_WRITER = textwrap.dedent("""
     import json, os, sys, time, torch
-    from lengthgen_utils import cache
+    from lengthgen_utils.run import cache
     def hang(*args, **kwargs):
         print("HANGING", flush=True)
         time.sleep(600)
@@ -445,7 +446,7 @@ def test_a_killed_write_leaves_no_entry_and_is_recomputed(tmp_path, hang_in):
 
 _CONCURRENT_WRITER = textwrap.dedent("""
     import sys, torch
-    from lengthgen_utils import cache
+    from lengthgen_utils.run import cache
     payload = {"w": torch.arange(200_000, dtype=torch.float32), "tag": "same"}
     for _ in range(int(sys.argv[3])):
         cache.save_entry(sys.argv[1], sys.argv[2], payload, {"description": "concurrent"})
@@ -474,14 +475,14 @@ def test_run_retrieval_goes_through_the_cache(tmp_path, monkeypatch):
     exp = RetrievalExperiment(pe="ape", n_seeds=2, steps=20, batch_size=32, eval_samples=64,
                               length_multiples=(1, 2))
     fresh = run_retrieval(exp, device="cpu", cache=tmp_path)
-    assert fresh.extra["cache"] == "miss"
+    assert list(fresh.cache.values()) == ["miss"]
 
     def no_training(*args, **kwargs):
         raise AssertionError("a warm cache must not train")
 
     monkeypatch.setattr(runners, "train", no_training)
     loaded = run_retrieval(exp, device="cpu", cache=tmp_path)
-    assert loaded.extra["cache"] == "hit"
+    assert list(loaded.cache.values()) == ["hit"]
     assert torch.equal(loaded.accuracy, fresh.accuracy) and torch.equal(loaded.loss_history, fresh.loss_history)
     for (name, a), (_, b) in zip(loaded.model.named_parameters(), fresh.model.named_parameters()):
         assert torch.equal(a.cpu(), b.cpu()), name
@@ -511,14 +512,14 @@ def test_summary_table_reports_mean_and_worst_seed(tmp_path):
     sweep = RetrievalSweep(pes=("nope",), offsets=(2,), n_seeds=2, steps=5, batch_size=16, eval_samples=64,
                            length_multiples=(1, 2))
     result = run_sweep(sweep, device="cpu", cache=False)
-    acc = result.accuracy[(get_encoding("nope"), "softmax")][0]
+    acc = result.where(pe="nope", offset=2).accuracy
     line = format_sweep_table(result).splitlines()[-1]
     assert line.split()[:3] == ["nope", "softmax", "2"]
     assert f"{float(acc[:, 0].mean()):.3f} ({float(acc[:, 0].min()):.2f})" in line
 
 
 def test_benchmark_smoke(capsys):
-    from lengthgen_utils import bench
+    from lengthgen_utils.tools import bench
 
     assert bench.main(["--sizes", "1", "2", "--steps", "2", "--reps", "1", "--seq-models", "1", "--sweep", "none",
                        "--no-thread-comparison", "--device", "cpu", "--tf-sizes", "1", "2", "--tf-threads", "1",
@@ -536,7 +537,7 @@ def test_benchmark_smoke(capsys):
 def test_benchmark_peers_are_the_package_model():
     """The benchmark's plain model, given the package model's weights, computes the same logits (the peers
     train the same function, so their speed is comparable)."""
-    from lengthgen_utils import bench
+    from lengthgen_utils.tools import bench
 
     model = Transformer(16, 2, 4, 64, "rope", max_len=32, n_models=2)
     tokens, _ = bench.tf_batches(1)[0]
@@ -565,7 +566,7 @@ def test_buildtime_runs_the_toc_in_order_and_gives_kernels_this_checkout_and_a_f
     fails otherwise)."""
     import nbformat
 
-    from lengthgen_utils import buildtime
+    from lengthgen_utils.tools import buildtime
 
     paths = [p.relative_to(REPO).as_posix() for p in buildtime.toc_notebooks()]
     assert paths and paths == sorted(paths) and paths[0].startswith("chapters/00_")
@@ -575,7 +576,7 @@ def test_buildtime_runs_the_toc_in_order_and_gives_kernels_this_checkout_and_a_f
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(f"""
         import os, lengthgen_utils
-        from lengthgen_utils.cache import cache_dir
+        from lengthgen_utils.run.cache import cache_dir
         assert lengthgen_utils.__file__.startswith({str(REPO)!r}), lengthgen_utils.__file__
         assert str(cache_dir()) == {str(tmp_path / "cache")!r} and os.environ["LENGTHGEN_PROFILE"] == "quick"
         """)), nbformat.v4.new_code_cell("assert False, 'a failing check'")]

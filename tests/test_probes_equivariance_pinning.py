@@ -1,17 +1,18 @@
-"""Tests of the chapter 2 (equivariance) and chapter 3 (pinning) probes in ``lengthgen_utils.probes``."""
+"""Tests of the chapter 2 (equivariance) and chapter 3 (pinning) probes in ``lengthgen_utils.analysis.probes``."""
 import math
 
 import pytest
 import torch
 
-from lengthgen_utils import probes as A
-from lengthgen_utils.configs import RetrievalExperiment
-from lengthgen_utils.evaluation import target_attention_mass
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import LearnedAPE, rope_angles
-from lengthgen_utils.runners import build_model
-from lengthgen_utils.tasks import FixedOffsetRetrieval
-from lengthgen_utils.training import train
+from lengthgen_utils.analysis import probes as A
+from lengthgen_utils.run.configs import RetrievalExperiment
+from lengthgen_utils.run.evaluation import target_attention_mass
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import LearnedAPE
+from lengthgen_utils.core.rope import rope_angles
+from lengthgen_utils.run.runners import build_model
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+from lengthgen_utils.run.training import train
 
 
 # --- equivariance (chapter 2)
@@ -178,7 +179,7 @@ def test_position_attention_rows_are_causal_softmax_and_last_row_is_the_models()
 
 # --- figures of chapters 2 and 3
 def test_slider_figure_has_one_step_per_length():
-    from lengthgen_utils import plots
+    from lengthgen_utils.book import plots
 
     rows = {L: torch.full((3, L), 1.0 / L) for L in (16, 24, 32)}
     fig = plots.attention_row_slider(rows, train_len=16, target_offset=3, title="t")
@@ -193,7 +194,7 @@ def test_slider_figure_has_one_step_per_length():
 
 
 def test_attention_row_slider_opens_at_the_requested_length():
-    from lengthgen_utils import plots
+    from lengthgen_utils.book import plots
 
     rows = {L: torch.full((3, L), 1.0 / L) for L in (16, 24, 32, 40)}
     fig = plots.attention_row_slider(rows, train_len=16, target_offset=3, title="t", active=32)
@@ -208,7 +209,7 @@ def test_attention_row_slider_opens_at_the_requested_length():
 
 
 def test_per_position_curves_zooms_the_x_axis_but_draws_every_position():
-    from lengthgen_utils import plots
+    from lengthgen_utils.book import plots
 
     values = {"fixed": torch.rand(3, 256)}
     fig = plots.per_position_curves(values, "t", "y", train_len=16, x_max=47)
@@ -222,7 +223,7 @@ def test_per_position_curves_zooms_the_x_axis_but_draws_every_position():
 
 
 def test_heatmap_and_histogram_figures_validate_and_label():
-    from lengthgen_utils import plots
+    from lengthgen_utils.book import plots
 
     fig = plots.position_heatmaps({"a": torch.zeros(8, 8), "b": torch.ones(8, 8)}, "t", "logit", train_len=4)
     assert len(fig.data) == 2 and fig.layout.xaxis2.title.text.startswith("key position")  # under the last panel

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils import plots
+from lengthgen_utils.book import plots
 
 
 def test_accuracy_heatmap_marks_the_given_length_of_each_row_and_labels_every_other_octave():

@@ -5,12 +5,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lengthgen_utils.configs import RecurrentExperiment
-from lengthgen_utils.evaluation import accuracy_by_length, lag_agreement
-from lengthgen_utils.models import LinearRNN
-from lengthgen_utils.runners import run_recurrent
-from lengthgen_utils.tasks import Copy, DelayedCopy, FixedOffsetRetrieval
-from lengthgen_utils.training import train
+from lengthgen_utils.run.configs import RecurrentExperiment
+from lengthgen_utils.run.evaluation import accuracy_by_length, lag_agreement
+from lengthgen_utils.core.models import LinearRNN
+from lengthgen_utils.run.runners import run_recurrent
+from lengthgen_utils.core.tasks import Copy, DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.run.training import train
 
 
 def test_the_kernel_readout_is_the_recurrence():
@@ -70,13 +70,14 @@ def test_a_trained_recurrent_model_learns_and_keeps_the_offset(tmp_path):
     exp = RecurrentExperiment(offsets=(1, 2), n_seeds=2, steps=300, batch_size=64, vocab_size=8, train_len=8,
                               d_state=16, eval_samples=256, length_multiples=(1, 4))
     result = run_recurrent(exp, cache=tmp_path, device="cpu")
-    assert result.accuracy.shape == (4, 2) and result.rows(2) == [2, 3]
+    assert result.accuracy.shape == (4, 2) and result.offsets == [1, 1, 2, 2]
+    assert result.where(offset=2).model.n_models == 2 and result.where(offset=2).seeds == [0, 1]
     assert (result.accuracy >= 0.95).all(), result.accuracy
     again = run_recurrent(exp, cache=tmp_path, device="cpu")  # loaded from the cache: the same model
     torch.testing.assert_close(again.model.A, result.model.A)
     torch.testing.assert_close(accuracy_by_length(again.model, exp.tasks, [8, 32], n_samples=256), result.accuracy)
-    with pytest.raises(ValueError, match="offset must be one of"):
-        result.rows(3)
+    with pytest.raises(ValueError, match="no member matches"):
+        result.where(offset=3)
 
 
 def test_recurrent_experiment_validates():

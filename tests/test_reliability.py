@@ -10,12 +10,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lengthgen_utils import attention, configs, evaluation, models, plots, positional, profiles, tasks, theory, training
-from lengthgen_utils.attention import causal_attention, linear_attention, masked_attention
-from lengthgen_utils.models import RetrievalHead, Transformer
-from lengthgen_utils.positional import (LearnedAPE, RoPE, apply_rope, kernel_frequencies, rope_angles, rope_cos_sin,
-                                        rope_inverse_frequencies)
-from lengthgen_utils.tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.core import attention, encodings, models, rope, tasks
+from lengthgen_utils.run import configs, evaluation, profiles, training
+from lengthgen_utils.book import plots
+from lengthgen_utils.analysis import theory
+from lengthgen_utils.core.attention import causal_attention, linear_attention, masked_attention
+from lengthgen_utils.core.models import RetrievalHead, Transformer
+from lengthgen_utils.core.encodings import LearnedAPE, RoPE
+from lengthgen_utils.core.rope import (apply_rope, kernel_frequencies, rope_angles, rope_cos_sin,
+                                       rope_inverse_frequencies)
+from lengthgen_utils.core.tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
 
 SMALL = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -44,8 +48,8 @@ def test_half_split_and_interleaved_pairings_differ_and_agree_after_reordering()
     reordered = rope_score(q[perm], k[perm], 5, 2, interleaved=False)
     assert abs(reordered - inter) < 1e-6
     # both are exposed, and the documented default is the half-split pairing
-    assert positional.apply_rope.__defaults__[-1] is False
-    assert "half-split" in positional.__doc__ and "interleaved" in positional.__doc__
+    assert rope.apply_rope.__defaults__[-1] is False
+    assert "half-split" in encodings.__doc__ and "interleaved" in encodings.__doc__
     import json
     from pathlib import Path
     notebook = json.loads((Path(__file__).parents[1] / "chapters" / "01_retrieval_task.ipynb").read_text())
@@ -517,7 +521,7 @@ BAD = {
                                                                          max_size=3),
                          st.lists(st.floats(allow_nan=True), min_size=1, max_size=2)),
     "scales": st.one_of(st.just(["x"]), st.just([float("nan")]), st.just([-1.0]), st.just([])),  # None is the default (no scale)
-    "name": st.one_of(st.text(max_size=4).filter(lambda s: s not in positional.ENCODINGS), st.none(), st.just(3)),
+    "name": st.one_of(st.text(max_size=4).filter(lambda s: s not in encodings.ENCODINGS), st.none(), st.just(3)),
     "object": st.one_of(st.text(max_size=3), st.none(), st.just(3)),
 }
 

@@ -26,29 +26,32 @@ import pytest
 import torch
 
 import lengthgen_utils
-from lengthgen_utils import (attention, cache, configs, evaluation, kernel, models, plots, positional, probes, profiles,
-                             runners, tasks, theory, training)
-from lengthgen_utils.models import KernelHead, RetrievalHead, Transformer
-from lengthgen_utils.positional import LearnedAPE
-from lengthgen_utils import widgets as widgets_module
-from lengthgen_utils.tasks import DelayedCopy, FixedOffsetRetrieval
-from lengthgen_utils.widgets import RetrievalExplorer
+from lengthgen_utils.core import attention, encodings, models, rope, tasks
+from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, training
+from lengthgen_utils.analysis import kernel, probes, theory
+from lengthgen_utils.book import plots
+from lengthgen_utils.core.models import KernelHead, RetrievalHead, Transformer
+from lengthgen_utils.core.encodings import LearnedAPE
+from lengthgen_utils.book import widgets as widgets_module
+from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.book.widgets import RetrievalExplorer
 
 
 def _public_callables():
     """Every public function, class and public method defined in the package: ``(qualified name, callable)``."""
-    for info in pkgutil.iter_modules(lengthgen_utils.__path__):
-        if info.name.startswith("_"):
+    for info in pkgutil.walk_packages(lengthgen_utils.__path__, prefix="lengthgen_utils."):
+        short = info.name.rsplit(".", 1)[-1]  # "lengthgen_utils.run.cache" -> "cache": module names are unique
+        if short.startswith("_") or info.ispkg:
             continue
-        module = importlib.import_module(f"lengthgen_utils.{info.name}")
+        module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
                 continue
-            yield f"{info.name}.{name}", obj
+            yield f"{short}.{name}", obj
             if inspect.isclass(obj):
                 for attr, member in vars(obj).items():
                     if not attr.startswith("_") and inspect.isfunction(member):
-                        yield f"{info.name}.{name}.{attr}", member
+                        yield f"{short}.{name}.{attr}", member
 
 
 # ================================================================ 1. low precision in every attention path
@@ -129,8 +132,8 @@ LOW_PRECISION_CASES = [
     ("attention.linear_attention identity, unnormalised (beyond float16's range)",
      lambda: _qkv(seq_len=300, d=64, scale=6.0),
      lambda q, k, v: attention.linear_attention(q, k, v, normalize=False, feature_map="identity")),
-    ("positional.rope_kernel_coefficients", lambda: tuple(300 * t for t in _qkv()[:2]),
-     positional.rope_kernel_coefficients),
+    ("rope.rope_kernel_coefficients", lambda: tuple(300 * t for t in _qkv()[:2]),
+     rope.rope_kernel_coefficients),
     ("kernel.participation_ratio", lambda: (300 * KERNEL_ROWS.abs(),), kernel.participation_ratio),
     ("kernel.peak_distance", lambda: (KERNEL_ROWS,), kernel.peak_distance),
     ("theory.exact_target_mass", lambda: (KERNEL_ROWS,), lambda s: theory.exact_target_mass(s, [3, 1], [8, 64])),
@@ -340,21 +343,21 @@ CONFIG_EXAMPLES = {
     "configs.RecurrentExperiment": lambda: configs.RecurrentExperiment(),
     "models.RetrievalHeadConfig": lambda: models.RetrievalHeadConfig(),
     "models.LinearRNNConfig": lambda: models.LinearRNNConfig(),
-    "positional.RotaryFrequencies": lambda: positional.RotaryFrequencies(),
-    "positional.NoPEBOS": lambda: positional.NoPEBOS(),
-    "zoo.TestTimeEncoding": lambda: __import__("lengthgen_utils.zoo").zoo.TestTimeEncoding(configs.RetrievalExperiment(),
+    "encodings.RotaryFrequencies": lambda: encodings.RotaryFrequencies(),
+    "encodings.NoPEBOS": lambda: encodings.NoPEBOS(),
+    "zoo.TestTimeEncoding": lambda: __import__("lengthgen_utils.run.zoo").run.zoo.TestTimeEncoding(configs.RetrievalExperiment(),
                                                                                             "rope_ntk"),
-    "positional.SinusoidalAPE": lambda: positional.SinusoidalAPE(),
-    "positional.T5Bias": lambda: positional.T5Bias(),
-    "positional.RandomizedPositions": lambda: positional.RandomizedPositions(),
-    "positional.RoPEInterpolation": lambda: positional.RoPEInterpolation(),
-    "positional.RoPENTK": lambda: positional.RoPENTK(),
+    "encodings.SinusoidalAPE": lambda: encodings.SinusoidalAPE(),
+    "encodings.T5Bias": lambda: encodings.T5Bias(),
+    "encodings.RandomizedPositions": lambda: encodings.RandomizedPositions(),
+    "encodings.RoPEInterpolation": lambda: encodings.RoPEInterpolation(),
+    "encodings.RoPENTK": lambda: encodings.RoPENTK(),
     "models.TransformerConfig": lambda: models.TransformerConfig(),
-    "positional.Encoding": lambda: positional.Encoding(),
-    "positional.NoPE": lambda: positional.NoPE(),
-    "positional.LearnedAPE": lambda: positional.LearnedAPE(),
-    "positional.RoPE": lambda: positional.RoPE(),
-    "positional.ALiBi": lambda: positional.ALiBi(),
+    "encodings.Encoding": lambda: encodings.Encoding(),
+    "encodings.NoPE": lambda: encodings.NoPE(),
+    "encodings.LearnedAPE": lambda: encodings.LearnedAPE(),
+    "encodings.RoPE": lambda: encodings.RoPE(),
+    "encodings.ALiBi": lambda: encodings.ALiBi(),
     "profiles.Profile": lambda: profiles.PROFILES["quick"],
     "tasks.FixedOffsetRetrieval": lambda: FixedOffsetRetrieval(),
     "tasks.DelayedCopy": lambda: DelayedCopy(),
@@ -424,8 +427,8 @@ def test_transformer_experiment_with_a_list_of_eval_lengths_runs_and_keys_the_ca
     assert exp.eval_lengths == (32, 64) and exp.max_len == 64
     assert hash(exp) == hash(configs.TransformerExperiment(eval_lengths=(32, 64), **small))
     result = runners.run_transformer(exp, device="cpu", cache=tmp_path)
-    assert sorted(result.accuracy) == [32, 64] and sorted(result.outside) == [32, 64]
-    assert result.accuracy[64].shape == (1, 64)
+    assert sorted(result.per_position) == [32, 64] and sorted(result.outside) == [32, 64]
+    assert result.per_position[64].shape == (1, 64) and result.accuracy.shape == (1, 2)
     key = cache.make_key(cache.cache_description(exp, "cpu", training.default_cpu_threads("transformer")))
     assert (tmp_path / f"{key}.pt").exists()
     payload, status = cache.load_or_run(exp, lambda: pytest.fail("a cache hit must not recompute"), cache=tmp_path,
@@ -545,14 +548,13 @@ SHARED_TASK = [
 ]
 # Arguments with a per-model-sounding name that hold one value by design, and why.
 ONE_VALUE = {
-    "offset": {"configs.RetrievalExperiment", "configs.RetrievalSweep.experiment", "runners.SweepResult.result",
-               "runners.OffsetSweepResult.rows", "runners.RecurrentResult.rows", "tasks.FixedOffsetRetrieval",
-               "probes.argmax_placement", "zoo.placement", "zoo.run_retrieval_zoo", "plots.offset_margin_profiles", "tasks.DelayedCopy",
+    "offset": {"configs.RetrievalExperiment", "configs.RetrievalSweep.experiment", "tasks.FixedOffsetRetrieval",
+               "probes.argmax_placement", "ch09.placement", "zoo.run_retrieval_zoo", "plots.offset_margin_profiles", "tasks.DelayedCopy",
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",
                "widgets.RetrievalExplorer", "live.kernel_panel",
                "live.kernel_report"},  # one experiment, task, closed form, control or live panel: one offset
-    "seeds": {"runners.OffsetSweepResult", "runners.SnapshotResult",  # a result's record, filled by the runner
+    "seeds": {  # a result's record, filled by the runner
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of spectrum_alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
@@ -567,7 +569,7 @@ ONE_VALUE = {
              "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
              "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
-             "zoo.shift_violation", "bench.tf_batches", "seeding.effective_seed",
+             "ch09.shift_violation", "bench.tf_batches", "seeding.effective_seed",
              "seeding.generator"},  # the benchmark's batches, a generator: one stream for every model
     "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap", "plots.r2_vs_reach",
                "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them

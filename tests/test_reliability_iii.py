@@ -30,10 +30,14 @@ import pytest
 import torch
 from jupyter_client.session import json_packer
 
-from lengthgen_utils import (__main__ as cli, _validate, attention, cache, configs, evaluation, kernel, models, plots,
-                             positional, probes, profiles, runners, theory, training, widgets)
-from lengthgen_utils.models import KernelHead, LinearRNN, RetrievalHead, Transformer
-from lengthgen_utils.tasks import DelayedCopy, FixedOffsetRetrieval
+from lengthgen_utils.tools import cli as cli
+from lengthgen_utils import _validate
+from lengthgen_utils.core import attention, models, rope
+from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, training
+from lengthgen_utils.analysis import kernel, probes, theory
+from lengthgen_utils.book import plots, widgets
+from lengthgen_utils.core.models import KernelHead, LinearRNN, RetrievalHead, Transformer
+from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
 
 from tests.test_reliability_ii import CONFIG_EXAMPLES, NOT_CONFIGS, _config_classes
 
@@ -243,7 +247,7 @@ def test_devices_are_checked_up_front_and_a_failed_call_leaves_the_model_unchang
             cache=False),
         "sample": lambda device: task.sample(2, 4, torch.Generator(), device=device),
         "causal_mask": lambda device: attention.causal_mask(3, device=device),
-        "rope_cos_sin": lambda device: positional.rope_cos_sin(3, 4, device=device),
+        "rope_cos_sin": lambda device: rope.rope_cos_sin(3, 4, device=device),
         "load_or_run": lambda device: cache.load_or_run(Toy(), _compute(), cache=False, device=device),
     }
     models_ = (head, kernel_head, tf)
@@ -395,7 +399,7 @@ SMALLEST = {  # the smallest sizes each function allows: a finite, non-empty res
     "accuracy_transition M=1": lambda: probes.accuracy_transition(torch.ones(1, 1), [16], 0.5)["width"].nan_to_num(),
     "spectrum_alignment": lambda: kernel.spectrum_alignment(_spectrum(1.0), 1),
     "spectrum_reconstruction": lambda: kernel.spectrum_reconstruction(_spectrum(1.0), 3, 1),
-    "rope_kernel_coefficients d=2": lambda: positional.rope_kernel_coefficients(torch.ones(1, 2), torch.ones(1, 2)),
+    "rope_kernel_coefficients d=2": lambda: rope.rope_kernel_coefficients(torch.ones(1, 2), torch.ones(1, 2)),
 }
 ONE_BELOW = {  # one below: refused, naming the argument (never an empty result, a NaN or a ZeroDivisionError)
     "RetrievalHead B=0": ("tokens", lambda: RetrievalHead(2, 1, 2, max_len=2)(_tok(0, 2))),
@@ -430,7 +434,7 @@ ONE_BELOW = {  # one below: refused, naming the argument (never an empty result,
     "accuracy_transition M=0": ("accuracy", lambda: probes.accuracy_transition(torch.ones(0, 2), [16, 32], 0.5)),
     "spectrum_alignment, all weights 0": ("weights", lambda: kernel.spectrum_alignment(_spectrum(0.0), 1)),
     "spectrum_reconstruction, no variance": ("variance", lambda: kernel.spectrum_reconstruction(_spectrum(0.0), 3, 1)),
-    "rope_kernel_coefficients d=0": ("d_head", lambda: positional.rope_kernel_coefficients(torch.ones(1, 0),
+    "rope_kernel_coefficients d=0": ("d_head", lambda: rope.rope_kernel_coefficients(torch.ones(1, 0),
                                                                                          torch.ones(1, 0))),
 }
 
@@ -458,27 +462,27 @@ def test_internal_state_handed_out_cannot_corrupt_the_memo():
     every later RoPE rotation in the process (and those results were cached under valid keys). Public callers
     get their own copy; the models' hot path keeps using the memo. The same holds for explicit frequencies
     handed to a kernel head (the head keeps its own)."""
-    positional.rope_cos_sin.cache_clear()
+    rope.rope_cos_sin.cache_clear()
     head = RetrievalHead(4, 8, 8, "rope", max_len=16)
     scores = head.scores(12).detach().clone()
-    cos, sin = positional.rope_cos_sin(12, 8, dtype=torch.float32)
+    cos, sin = rope.rope_cos_sin(12, 8, dtype=torch.float32)
     cos.fill_(0.0)
     sin.mul_(7.0)
-    again, _ = positional.rope_cos_sin(12, 8, dtype=torch.float32)
-    torch.testing.assert_close(again, positional.rope_angles(torch.arange(12), 8).cos().float(), rtol=0, atol=0)
+    again, _ = rope.rope_cos_sin(12, 8, dtype=torch.float32)
+    torch.testing.assert_close(again, rope.rope_angles(torch.arange(12), 8).cos().float(), rtol=0, atol=0)
     assert torch.equal(head.scores(12), scores)  # the model's rotation is unchanged
     tf = Transformer(6, 1, 2, 8, "rope", max_len=16)
     tokens = torch.arange(12)[None] % 6
     before = tf(tokens)
-    positional.rope_cos_sin(12, 4, dtype=torch.float32)[0].fill_(0.0)
+    rope.rope_cos_sin(12, 4, dtype=torch.float32)[0].fill_(0.0)
     assert torch.equal(tf(tokens), before)
-    assert positional.rope_cos_sin.cache_info().hits >= 1  # still memoised
+    assert rope.rope_cos_sin.cache_info().hits >= 1  # still memoised
     theta = torch.tensor([0.9, 0.3], dtype=torch.float64)
     kh = KernelHead(4, 4, frequencies=theta, init_std=1.0)
     out = kh.scores(6).detach().clone()
     theta.fill_(0.0)
     assert torch.equal(kh.scores(6), out)
-    assert positional.kernel_frequencies(4, frequencies=theta) is not theta
+    assert rope.kernel_frequencies(4, frequencies=theta) is not theta
 
 
 # ================================================================ 11. strict JSON
@@ -521,7 +525,7 @@ def test_two_runs_at_once_keep_their_own_records(tmp_path, monkeypatch):
     """A book build and a test session in one checkout: each writes and reads only its own run's records;
     a record of the other run is refused by name; a second checkout's chapters write into their own book's
     folder even when the package is imported from the first checkout."""
-    from lengthgen_utils import scoreboard
+    from lengthgen_utils.book import scoreboard
 
     monkeypatch.setenv(scoreboard.CLAIMS_ENV, str(tmp_path / "claims"))
     monkeypatch.setenv(scoreboard.RUN_ENV, "build-1")

@@ -9,19 +9,22 @@
 """
 import json
 import math
-import os
 
 import pytest
 import torch
 
-from lengthgen_utils import cache, checks, robustness, scoreboard, seeding, theory
-from lengthgen_utils.configs import RetrievalExperiment
-from lengthgen_utils.evaluation import accuracy_by_length
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import WELL_CONDITIONED_FREQUENCIES, kernel_frequencies
-from lengthgen_utils.profiles import get_profile
-from lengthgen_utils.tasks import FixedOffsetRetrieval
-from lengthgen_utils.training import train
+from lengthgen_utils.run import cache, seeding
+from lengthgen_utils.book import checks, scoreboard
+from lengthgen_utils.tools import robustness
+from lengthgen_utils.analysis import theory
+from lengthgen_utils.run.configs import RetrievalExperiment
+from lengthgen_utils.run.evaluation import accuracy_by_length
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import WELL_CONDITIONED_FREQUENCIES
+from lengthgen_utils.core.rope import kernel_frequencies
+from lengthgen_utils.run.profiles import get_profile
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+from lengthgen_utils.run.training import train
 
 
 # ---------------------------------------------------------------- the seed base

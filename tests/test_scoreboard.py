@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lengthgen_utils import scoreboard
+from lengthgen_utils.book import scoreboard
 
 
 def test_record_and_load_round_trip(tmp_path, monkeypatch):

@@ -1,13 +1,13 @@
-"""Every task follows one protocol (lengthgen_utils.tasks.Task): walked here for each task of the package,
+"""Every task follows one protocol (lengthgen_utils.core.tasks.Task): walked here for each task of the package,
 plus the example of the appendix recipe "add a task"."""
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from lengthgen_utils import tasks
-from lengthgen_utils.configs import TransformerExperiment
-from lengthgen_utils.tasks import IGNORE_INDEX, Task
+from lengthgen_utils.core import tasks
+from lengthgen_utils.run.configs import TransformerExperiment
+from lengthgen_utils.core.tasks import IGNORE_INDEX, Task
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from lengthgen_utils.attention import causal_attention
-from lengthgen_utils.configs import TransformerExperiment
-from lengthgen_utils.evaluation import split_accuracy, token_accuracy_by_position
-from lengthgen_utils.models import Transformer
-from lengthgen_utils.probes import head_offset_profiles, shift_invariance
-from lengthgen_utils.tasks import IGNORE_INDEX, Copy, DelayedCopy, LaggedSum, RunningParity
-from lengthgen_utils.training import sequence_cross_entropy, train_sequence
+from lengthgen_utils.core.attention import causal_attention
+from lengthgen_utils.run.configs import TransformerExperiment
+from lengthgen_utils.run.evaluation import split_accuracy, token_accuracy_by_position
+from lengthgen_utils.core.models import Transformer
+from lengthgen_utils.analysis.probes import head_offset_profiles, shift_invariance
+from lengthgen_utils.core.tasks import IGNORE_INDEX, Copy, DelayedCopy, LaggedSum, RunningParity
+from lengthgen_utils.run.training import sequence_cross_entropy, train_sequence
 
 
 def gen(seed=0):
@@ -181,7 +181,8 @@ def reference_logits(model, index, tokens, position_shift=0):
     softmax attention, apply_rope with the model's own pairing, the encoding's embed and score bias.
 
     Independent of the package's batched layout (no folded norms, no reordered channels, no SDPA)."""
-    from lengthgen_utils.positional import RoPE, apply_rope
+    from lengthgen_utils.core.encodings import RoPE
+    from lengthgen_utils.core.rope import apply_rope
 
     cfg, i = model.config, index
     b, seq_len = tokens.shape
@@ -218,7 +219,7 @@ def test_batched_transformer_equals_a_plain_per_model_reference(pe):
     """The batched layout (folded norms, fused projections, reordered RoPE channels, 4-D SDPA, the first
     block's projection looked up per token) computes the textbook model: logits within 1e-5 in float32
     and 1e-12 in float64, for every model of the ensemble, at a shifted position too."""
-    from lengthgen_utils.positional import RoPE
+    from lengthgen_utils.core.encodings import RoPE
 
     encoding = RoPE(interleaved=True) if pe == "rope-interleaved" else pe
     model = Transformer(16, 2, 4, 32, encoding, max_len=64, n_models=3, seeds=[7, 8, 9])
@@ -279,7 +280,7 @@ def test_fast_causal_attention_paths_agree_with_the_explicit_one(seq_len):
     """causal_attention without weights takes batched matmuls up to SHORT_SEQUENCE keys and SDPA beyond; both
     equal the explicit masked softmax (1e-5) for inputs of rank 2 to 5, with no bias, a shared bias or one per
     head, and pass gradients to a learned bias."""
-    from lengthgen_utils.attention import SHORT_SEQUENCE, causal_mask, masked_attention
+    from lengthgen_utils.core.attention import SHORT_SEQUENCE, causal_mask, masked_attention
 
     assert SHORT_SEQUENCE == 32  # 7 and 32 take the batched path, 33 and 80 SDPA
     for shape in [(seq_len, 8), (3, seq_len, 8), (2, 3, seq_len, 8), (2, 2, 3, seq_len, 8)]:
@@ -299,8 +300,8 @@ def test_fast_causal_attention_paths_agree_with_the_explicit_one(seq_len):
 def test_row_blocked_batched_matmul_is_the_batched_matmul(threads):
     """models._baddbmm cuts each model's rows into one block per thread (balanced work for any number of
     models); it computes start + x @ W^T (1e-6), for a bias row or a full start, whatever N and d_in."""
-    from lengthgen_utils.models import _baddbmm
-    from lengthgen_utils.training import cpu_threads
+    from lengthgen_utils.core.models import _baddbmm
+    from lengthgen_utils.run.training import cpu_threads
 
     for m, n, d_in, d_out in [(3, 12, 12, 5), (2, 7, 4, 6), (1, 16, 8, 16)]:
         x = torch.randn(m, n, d_in, generator=gen(1))

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from lengthgen_utils import kernel
-from lengthgen_utils.kernel import CarrierSpectrum, fit_carrier, fitted_carrier_measures
-from lengthgen_utils.models import RetrievalHead, Transformer
-from lengthgen_utils.positional import RoPE, RotaryFrequencies
-from lengthgen_utils.probes import copying_heads, head_carriers
-from lengthgen_utils.tasks import DelayedCopy
+from lengthgen_utils.analysis import kernel
+from lengthgen_utils.analysis.kernel import CarrierSpectrum, fit_carrier, fitted_carrier_measures
+from lengthgen_utils.core.models import RetrievalHead, Transformer
+from lengthgen_utils.core.encodings import RoPE, RotaryFrequencies
+from lengthgen_utils.analysis.probes import copying_heads, head_carriers
+from lengthgen_utils.core.tasks import DelayedCopy
 
 
 def spectrum(r, phi, theta):

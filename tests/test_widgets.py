@@ -12,15 +12,15 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from lengthgen_utils import plots
-from lengthgen_utils.configs import RetrievalExperiment, RetrievalSweep
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import LearnedAPE
-from lengthgen_utils.profiles import Profile
-from lengthgen_utils.runners import run_offset_sweep
-from lengthgen_utils.tasks import FixedOffsetRetrieval
-from lengthgen_utils.training import train
-from lengthgen_utils.widgets import RetrievalExplorer
+from lengthgen_utils.book import plots
+from lengthgen_utils.run.configs import RetrievalExperiment, RetrievalSweep
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import LearnedAPE
+from lengthgen_utils.run.profiles import Profile
+from lengthgen_utils.run.runners import run_offset_sweep
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+from lengthgen_utils.run.training import train
+from lengthgen_utils.book.widgets import RetrievalExplorer
 
 TINY = dict(profile=Profile("tiny", n_seeds=2, steps=60, batch_size=64, eval_samples=64, length_multiples=(1,)))
 
@@ -153,7 +153,7 @@ def test_offset_sweep_is_one_ensemble_with_matching_seeds():
     exp = RetrievalExperiment(pe="rope", n_seeds=2, steps=30, batch_size=32, eval_samples=32, length_multiples=(1, 2))
     r = run_offset_sweep(exp, offsets=(1, 3), cache=False)
     assert r.model.n_models == 4 and r.model.seeds == (0, 1, 0, 1)
-    assert r.offsets == [1, 1, 3, 3] and r.rows(1) == [0, 1] and r.rows(3) == [2, 3]
+    assert r.offsets == [1, 1, 3, 3] and r.where(offset=1).seeds == [0, 1] and r.where(offset=3).seeds == [0, 1]
     assert r.accuracy.shape == (4, 2)
     assert r.loss_history.shape == (30, 4) and r.lengths == [16, 32]
     # same seed, same initialisation: models 0 and 2 differ only through training on different offsets

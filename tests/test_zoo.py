@@ -3,12 +3,14 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils import plots, zoo
-from lengthgen_utils.models import RetrievalHead
-from lengthgen_utils.positional import LearnedAPE, RandomizedPositions, RoPE, RoPEInterpolation, RoPENTK, get_encoding
-from lengthgen_utils.probes import PLACEMENTS, argmax_placement, copy_head_placement, shift_attention_change
-from lengthgen_utils.profiles import Profile
-from lengthgen_utils.tasks import DelayedCopy
+from lengthgen_utils.book import ch09, plots
+from lengthgen_utils.run import zoo
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.encodings import (LearnedAPE, RandomizedPositions, RoPE, RoPEInterpolation, RoPENTK,
+                                            get_encoding)
+from lengthgen_utils.analysis.probes import PLACEMENTS, argmax_placement, copy_head_placement, shift_attention_change
+from lengthgen_utils.run.profiles import Profile
+from lengthgen_utils.core.tasks import DelayedCopy
 
 
 class ScoreRows:
@@ -85,10 +87,11 @@ def test_the_zoo_has_one_of_each_encoding_and_trains_test_time_scalings_as_rope(
     assert {pe.name for pe in encodings} >= {"nope", "nope_bos", "ape", "sinusoidal", "randomized", "rope",
                                              "rope_pi", "rope_ntk", "alibi", "t5"}
     assert zoo.control_encoding(16) in encodings and zoo.control_encoding(16).max_position == 64
-    assert zoo.trained_encoding(RoPEInterpolation(train_len=16)) == RoPE()
-    assert zoo.trained_encoding(RoPENTK(base=500.0, train_len=32)) == RoPE(base=500.0)
-    assert zoo.trained_encoding("ape") == LearnedAPE()
-    assert zoo.visited_positions(zoo.control_encoding(32), 32) == 128 and zoo.visited_positions("rope", 16) == 16
+    assert RoPEInterpolation(train_len=16).for_training() == RoPE()
+    assert RoPENTK(base=500.0, train_len=32).for_training() == RoPE(base=500.0)
+    assert LearnedAPE().for_training() == LearnedAPE()
+    assert zoo.control_encoding(32).visited_positions(32) == 128 and RoPE().visited_positions(16) == 16
+    assert RoPENTK(train_len=16).length_dependent and not RoPE().length_dependent
     full = Profile("full", n_seeds=1, steps=1, batch_size=1, eval_samples=1, length_multiples=(1,))
     quick = Profile("quick", n_seeds=1, steps=1, batch_size=1, eval_samples=1, length_multiples=(1,))
     assert len(zoo.copy_zoo_encodings(full)) == 12
@@ -115,14 +118,14 @@ def test_run_retrieval_zoo_evaluates_rope_weights_under_position_interpolation()
     torch.testing.assert_close(pi.accuracy[:, 0], rope.accuracy[:, 0])  # the same weights at 1x
     torch.testing.assert_close(pi.model.scores(16), rope.model.scores(16), rtol=0, atol=0)
     assert not torch.allclose(pi.model.scores(32), rope.model.scores(32))
-    assert pi.mean_at(2) is not None and pi.mean_at(16) is None
-    random_shift, trained_shift = zoo.shift_violation(pi)
+    assert ch09.mean_at(pi, 2) is not None and ch09.mean_at(pi, 16) is None
+    random_shift, trained_shift = ch09.shift_violation(pi)
     assert random_shift < 1e-4 and trained_shift < 1e-4  # relative at every length, also where PI scales
-    rows = zoo.summary_rows(runs, {})
-    header, cells = zoo.summary_table(rows)
+    rows = ch09.summary_rows(runs, {})
+    header, cells = ch09.summary_table(rows)
     assert all(len(row) == len(header) for row in cells)
     assert cells[1][0] == "RoPE + PI" and "not run" in cells[1]
-    where = zoo.placement(pi)
+    where = ch09.placement(pi)
     assert where.shape == (2, 3) and torch.allclose(where.sum(1), torch.ones(2, dtype=torch.float64))
 
 

@@ -13,7 +13,7 @@ clipped or overlap other text, and no annotation's text may cover a drawn data
 mark (a trace's line, marker or bar): labels of reference lines belong in the
 legend.
 
-The live panels (lengthgen_utils.live) are tested on their pages: each slider, moved with the keyboard,
+The live panels (lengthgen_utils.book.live) are tested on their pages: each slider, moved with the keyboard,
 must make the page retrain in its Web Worker and redraw a different, finite figure, both when the page
 is opened from ``file://`` and over http; a setting with no task must be explained, not drawn; panels
 must fit the column at 1280 px and 400 px; no request may leave the page. The measured retrain times are
@@ -368,7 +368,7 @@ def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, widt
 
 
 # ---------------------------------------------------------------------------------- live panels
-# Pages with live panels (lengthgen_utils.live): sliders that retrain the model in the page's Web Worker.
+# Pages with live panels (lengthgen_utils.book.live): sliders that retrain the model in the page's Web Worker.
 LIVE_PAGES = ("chapters/01_retrieval_task", "chapters/04_carrier_kernel")
 LIVE_TIMES: list[str] = []  # measured retrain times, printed at the end of the module
 

@@ -12,7 +12,7 @@ A checks cell states each assertion through one :class:`Checks` object instead o
 Each check is kept with its *margin*: how far the value is from failing, in the quantity's own units
 (``value - threshold`` for :meth:`~Checks.at_least`, ``threshold - value`` for :meth:`~Checks.at_most`;
 positive passes). :meth:`~Checks.finish` writes them all to the run's records
-(:func:`~lengthgen_utils.scoreboard.run_dir`), failed ones included, and then raises if any failed, so
+(:func:`~lengthgen_utils.book.scoreboard.run_dir`), failed ones included, and then raises if any failed, so
 ``python -m lengthgen_utils robustness`` can show every quantity's range and smallest margin over the
 conditions it runs, and a failing build names every failed check at once, not the first.
 
@@ -28,7 +28,7 @@ import os
 import tempfile
 import time
 
-from .profiles import get_profile
+from ..run.profiles import get_profile
 
 
 def _number(name: str, value) -> float:

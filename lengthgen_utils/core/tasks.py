@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ._validate import check_device, check_generator, check_int, normalize_numbers, per_model
+from .._validate import check_device, check_generator, check_int, normalize_numbers, per_model
 
 IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
 

@@ -1,4 +1,4 @@
-"""Per-chapter execution times of the whole book: ``python -m lengthgen_utils.buildtime``.
+"""Per-chapter execution times of the whole book: ``python -m lengthgen_utils.tools.buildtime``.
 
 Executes every notebook chapter listed in ``_toc.yml``, in the book's order, with nbclient
 (what the book build uses), twice:
@@ -29,10 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cache import CACHE_ENV, REPO_ROOT
-from .profiles import PROFILE_ENV, PROFILES, get_profile
-from .scoreboard import CLAIMS_ENV, RUN_ENV, new_run_id
-from .training import THREADS_ENV
+from ..book.scoreboard import CLAIMS_ENV, RUN_ENV, new_run_id
+from ..run.cache import CACHE_ENV, REPO_ROOT
+from ..run.profiles import PROFILE_ENV, PROFILES, get_profile
+from ..run.training import THREADS_ENV
 
 
 def toc_notebooks(root: Path = REPO_ROOT) -> list[Path]:
@@ -105,7 +105,7 @@ def kernel_environment(cache: Path, claims: Path, profile: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils.buildtime", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils.tools.buildtime", description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=tuple(PROFILES), default=None,
                         help="quick | default | full (default: $LENGTHGEN_PROFILE, else default)")
     parser.add_argument("--chapters", nargs="+", default=None,

@@ -9,7 +9,7 @@ initialisations on other data and evaluates it on other sequences, so a whole bu
 on another seed set (``python -m lengthgen_utils robustness`` does). The stride is larger than any
 logical seed the book uses, so two bases never share a seed.
 
-The base is part of every results-cache key (:func:`~lengthgen_utils.cache.cache_description`), so a
+The base is part of every results-cache key (:func:`~lengthgen_utils.run.cache.cache_description`), so a
 result computed under one base is never served under another.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from ._validate import check_int
+from .._validate import check_int
 
 SEED_ENV = "LENGTHGEN_SEED"
 SEED_STRIDE = 10_000_019

@@ -1,8 +1,8 @@
 """Experiment configurations: frozen dataclasses that say exactly what is trained and evaluated.
 
 Each configuration is hashable and describes itself completely, so it keys the results cache
-(:func:`~lengthgen_utils.cache.load_or_run`). Configurations hold their task and their position
-encoding as objects (:mod:`~lengthgen_utils.tasks`, :mod:`~lengthgen_utils.positional`); a
+(:func:`~lengthgen_utils.run.cache.load_or_run`). Configurations hold their task and their position
+encoding as objects (:mod:`~lengthgen_utils.core.tasks`, :mod:`~lengthgen_utils.core.encodings`); a
 registered encoding name is accepted and looked up at construction. Sequence fields accept lists
 and are stored as tuples.
 
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from ._validate import (check_fits, check_float_sequence, check_int, check_int_sequence, check_positive_float,
-                        normalize_numbers, normalize_sequence)
-from .attention import check_attention
-from .positional import Encoding, RoPE, get_encoding
+from .._validate import (check_fits, check_float_sequence, check_int, check_int_sequence, check_positive_float,
+                         normalize_numbers, normalize_sequence)
+from ..core.attention import check_attention
+from ..core.encodings import Encoding, RoPE, get_encoding
+from ..core.tasks import DelayedCopy, FixedOffsetRetrieval, Task
 from .profiles import Profile
-from .tasks import DelayedCopy, FixedOffsetRetrieval, Task
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class SnapshotSweep:
     """One single-head ensemble trained once, with its weights kept at several steps (chapter 5's margin sweep).
 
     Margins grow with training, so the snapshots of one run are heads of increasing margin, for the
-    price of one training. The cache key of :func:`~lengthgen_utils.runners.run_snapshots`.
+    price of one training. The cache key of :func:`~lengthgen_utils.run.runners.run_snapshots`.
 
     Fields:
         sweep: a one-ensemble :class:`RetrievalSweep` (one encoding, one attention); its ``steps`` is the
@@ -287,7 +287,7 @@ class SnapshotSweep:
 
 @dataclass(frozen=True)
 class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
-    """An ensemble of :class:`~lengthgen_utils.models.LinearRNN` models on fixed-offset retrieval (chapter 8).
+    """An ensemble of :class:`~lengthgen_utils.core.models.LinearRNN` models on fixed-offset retrieval (chapter 8).
 
     One model per (offset, seed), offset-major, trained together on one data stream as a
     :class:`RetrievalSweep` is (lengths ``U{max(offsets) + 2 .. train_len}`` unless ``min_train_len`` or
@@ -298,7 +298,7 @@ class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
         offsets: the offsets k (distinct).
         d_state: the recurrent state size.
         init_scale: the initial spectral scale of the transition matrix (see
-            :class:`~lengthgen_utils.models.LinearRNNConfig`).
+            :class:`~lengthgen_utils.core.models.LinearRNNConfig`).
     """
 
     offsets: tuple[int, ...] = (1, 3, 5)
@@ -328,7 +328,7 @@ well conditioned on 15 training offsets (condition number about 2), for the exac
 
 @dataclass(frozen=True)
 class KernelHeadConfig:
-    """The cache key of :func:`~lengthgen_utils.runners.run_kernel_head`: the experiment, the frequency set
+    """The cache key of :func:`~lengthgen_utils.run.runners.run_kernel_head`: the experiment, the frequency set
     and the SGD settings."""
 
     experiment: RetrievalExperiment
@@ -349,7 +349,7 @@ class KernelHeadConfig:
 
 @dataclass(frozen=True)
 class TransformerExperiment(TrainingSettings):
-    """An ensemble of :class:`~lengthgen_utils.models.Transformer` seeds on a full-sequence task.
+    """An ensemble of :class:`~lengthgen_utils.core.models.Transformer` seeds on a full-sequence task.
 
     Sequence fields (``eval_lengths``) accept a list and are stored as a tuple, so the configuration
     stays hashable and keys the results cache.
@@ -411,7 +411,7 @@ def rope_base_experiment(profile: Profile, base: float) -> RetrievalExperiment:
 
     The profile's seeds and steps, evaluated at :data:`BASE_SWEEP_MULTIPLES` times the training length
     with 512 sequences per length; run it with
-    :func:`~lengthgen_utils.runners.run_offset_sweep` (offsets 1, 2, 3, 5 in the book).
+    :func:`~lengthgen_utils.run.runners.run_offset_sweep` (offsets 1, 2, 3, 5 in the book).
     """
     return RetrievalExperiment.from_profile(profile, pe=RoPE(base=base), length_multiples=BASE_SWEEP_MULTIPLES,
                                             eval_samples=512)

@@ -15,7 +15,7 @@ shows the precomputed figure. Slider settings that make no task (an offset too l
 training length) are explained in the status line instead of being trained.
 
 In a Jupyter kernel the panel displays as its static figure (plotly's JSON); the live explorer for
-a kernel is :class:`lengthgen_utils.widgets.RetrievalExplorer`.
+a kernel is :class:`lengthgen_utils.book.widgets.RetrievalExplorer`.
 
 Two kinds of panel:
 
@@ -35,9 +35,10 @@ import math
 import numpy as np
 import torch
 
-from . import kernel, plots, theory
-from ._validate import check_int, check_int_sequence
-from .positional import LearnedAPE, RoPE
+from .._validate import check_int, check_int_sequence
+from ..analysis import kernel, theory
+from ..book import plots
+from ..core.encodings import LearnedAPE, RoPE
 
 SCRIPT = "_static/lengthgen_live.js"
 KINDS = ("accuracy", "kernel")
@@ -46,7 +47,7 @@ _ids = itertools.count()
 
 
 def _fit_constants() -> dict:
-    """The layout rules of :func:`~lengthgen_utils.plots.fit_to_column` the page's script re-applies."""
+    """The layout rules of :func:`~lengthgen_utils.book.plots.fit_to_column` the page's script re-applies."""
     return {"title_chars": plots.TITLE_CHARS, "legend_chars": plots.LEGEND_CHARS, "toolbar_px": plots.TOOLBAR_PX,
             "title_line_px": plots.TITLE_LINE_PX, "legend_line_px": plots.LEGEND_LINE_PX,
             "figure_height": plots.FIGURE_HEIGHT, "x_title_chars": plots.X_TITLE_CHARS,
@@ -66,7 +67,7 @@ class LivePanel:
 
     Attributes:
         kind: ``"accuracy"`` or ``"kernel"``.
-        figure: the static figure, as laid out for the page (:func:`~lengthgen_utils.plots.fit_to_column`).
+        figure: the static figure, as laid out for the page (:func:`~lengthgen_utils.book.plots.fit_to_column`).
         config: the JSON configuration the page's script reads (controls, initial values, recipe, texts).
         html: the panel's HTML for the built book.
     """
@@ -190,8 +191,8 @@ def accuracy_panel(results: dict, n_seeds: int = 3, offsets=range(1, 16), train_
     number of seeds on the sliders. An offset above the training length - 2 is explained, not trained.
 
     Args:
-        results: ``{"rope": RetrievalResult, "ape": RetrievalResult}`` from
-            :func:`~lengthgen_utils.runners.run_retrieval`, at one offset and training length,
+        results: ``{"rope": Runs, "ape": Runs}`` from
+            :func:`~lengthgen_utils.run.runners.run_retrieval`, at one offset and training length,
             variable-length training from ``offset + 2``, evaluated at (at least) 1x, 2x, 4x, 8x and 16x;
             the panel shows those five lengths.
         n_seeds: seeds in the static figure (the first ones of each run) and the slider's start.
@@ -277,7 +278,7 @@ def kernel_report(model, offset: int, train_len: int, max_distance: int, toleran
     """What chapter 4's live panel draws for a set of RoPE heads, computed with the package.
 
     Args:
-        model: a RoPE :class:`~lengthgen_utils.models.RetrievalHead` ensemble (M heads, one offset).
+        model: a RoPE :class:`~lengthgen_utils.core.models.RetrievalHead` ensemble (M heads, one offset).
         offset: the target offset k.
         train_len: the training length.
         max_distance: the longest distance drawn (>= train_len).
@@ -285,7 +286,7 @@ def kernel_report(model, offset: int, train_len: int, max_distance: int, toleran
 
     Returns:
         ``{"relative": float64 [M, max_distance]`` (column ``d - 1``: ``s(-d) - s(-k)``, nats),
-        ``"aliases"``: per head the predicted first alias (:func:`~lengthgen_utils.kernel.predicted_alias_distance`)
+        ``"aliases"``: per head the predicted first alias (:func:`~lengthgen_utils.analysis.kernel.predicted_alias_distance`)
         or None, ``"dominant"``: ``[M, 2]`` pair indices, ``"candidates"``: the union of the heads' candidate
         alias distances ``k + lag >= train_len`` (increasing), ``"pairs"``: the union of their dominant pairs}.
 
@@ -320,14 +321,14 @@ def kernel_panel(model, offsets, lengths, accuracy, experiment, offset: int = 3,
     with the sweep's recipe (steps, batch, learning rate, lengths uniform in the sweep's shared
     ``[max(offsets) + 2, L_train]``) at the base and ``d_head`` of the sliders, evaluates them at
     ``lengths`` (512 sequences each) and draws the same figure
-    (:func:`~lengthgen_utils.plots.alias_kernel_figure`).
+    (:func:`~lengthgen_utils.book.plots.alias_kernel_figure`).
 
     Args:
-        model: a RoPE :class:`~lengthgen_utils.models.RetrievalHead` ensemble, one head per entry of ``offsets``.
+        model: a RoPE :class:`~lengthgen_utils.core.models.RetrievalHead` ensemble, one head per entry of ``offsets``.
         offsets: each head's offset (offset-major, seeds ``0 ..`` within each offset).
         lengths: evaluation lengths (tokens), increasing; the longest sets the range drawn (``d <= max - 1``).
         accuracy: ``[n_heads, len(lengths)]`` accuracies.
-        experiment: the sweep's :class:`~lengthgen_utils.configs.RetrievalExperiment` (its recipe).
+        experiment: the sweep's :class:`~lengthgen_utils.run.configs.RetrievalExperiment` (its recipe).
         offset: the offset drawn (k).
         n_seeds: heads drawn (the first seeds of ``offset``).
         bases, d_heads: the values of the two sliders (the model's base and ``d_head`` must be among them).

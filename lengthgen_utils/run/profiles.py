@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ._validate import check_int, check_int_sequence, check_rope_base, normalize_numbers, plain_number
-from .attention import check_attention
+from .._validate import check_int, check_int_sequence, check_rope_base, normalize_numbers, plain_number
+from ..core.attention import check_attention
 
 PROFILE_ENV = "LENGTHGEN_PROFILE"
 
@@ -46,7 +46,7 @@ class Profile:
         offsets: the offsets k a sweep covers.
         attentions: the attention normalisers a sweep covers (``"softmax"``, ``"linear"``).
         transformer: the multi-layer transformer's settings (fields of
-            :class:`~lengthgen_utils.configs.TransformerExperiment`), as ``(name, value)`` pairs or a dict.
+            :class:`~lengthgen_utils.run.configs.TransformerExperiment`), as ``(name, value)`` pairs or a dict.
         rope_bases: the RoPE bases of chapter 4's base sweep, besides the book's 10^4.
         margin_controls: the margin controls chapter 5 sweeps (``"steps"``, ``"weight decay"``,
             ``"base"``, ``"temperature"``).

@@ -29,9 +29,9 @@ import warnings
 from html import escape
 from pathlib import Path
 
-from ._validate import env_path
-from .cache import REPO_ROOT
-from .profiles import get_profile
+from .._validate import env_path
+from ..run.cache import REPO_ROOT
+from ..run.profiles import get_profile
 
 CLAIMS_ENV = "LENGTHGEN_CLAIMS"
 STATUSES = ("reproduced", "reproduced in a regime", "not reproduced")

@@ -8,15 +8,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence, check_nonempty, check_positive_float, per_model_ints
+from .._validate import check_int, check_int_sequence, check_nonempty, check_positive_float, per_model_ints
+from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from .seeding import generator
-from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from .training import ensemble_squared_error, model_threads
 
 
 def _threads(model, num_threads):
     """The intra-op thread setting for evaluating ``model``: on the CPU, the count its training uses
-    (:data:`~lengthgen_utils.training.CPU_THREADS`) unless ``num_threads`` says otherwise."""
+    (:data:`~lengthgen_utils.run.training.CPU_THREADS`) unless ``num_threads`` says otherwise."""
     return model_threads(model, num_threads)
 
 
@@ -41,16 +41,16 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
     ``seed`` (independent of the training stream), shared by all models.
 
     Args:
-        model: a single-query model (:class:`~lengthgen_utils.models.RetrievalHead` or
-            :class:`~lengthgen_utils.models.KernelHead`) ensemble of M models.
-        task: one query-only task, or one per model (see :func:`~lengthgen_utils.training.train`).
+        model: a single-query model (:class:`~lengthgen_utils.core.models.RetrievalHead` or
+            :class:`~lengthgen_utils.core.models.KernelHead`) ensemble of M models.
+        task: one query-only task, or one per model (see :func:`~lengthgen_utils.run.training.train`).
         lengths: sequence of evaluation lengths, each valid for every task (and
             covered by the model's encoding, e.g. within an APE table, else ``ValueError``).
         n_samples: sequences per length, >= 1.
         seed: evaluation seed.
         batch_size: sequences per forward pass (memory only; results do not depend on it).
         num_threads: intra-op CPU threads when the model is on the CPU; default
-            :func:`~lengthgen_utils.training.model_threads` of the model.
+            :func:`~lengthgen_utils.run.training.model_threads` of the model.
         logit_scale: None, or one positive factor per length multiplying every attention logit
             (a test-time, length-aware temperature; softmax heads; chapter 5).
 
@@ -92,7 +92,7 @@ def target_attention_mass(model, offset, lengths) -> Tensor:
     heads it is the same for every sequence of a length).
 
     Args:
-        model: a :class:`~lengthgen_utils.models.RetrievalHead` ensemble of M models.
+        model: a :class:`~lengthgen_utils.core.models.RetrievalHead` ensemble of M models.
         offset: the target offset k (int, or M ints, one per model).
         lengths: evaluation lengths, each ``>= k + 2``.
 
@@ -121,7 +121,7 @@ def target_attention_mass(model, offset, lengths) -> Tensor:
 def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 12345) -> Tensor:
     """Per-model mean squared loss ``||o - e(y)||^2`` of a model with outputs ``[M, B, V]`` at each length.
 
-    For the linear-readout models of chapter 6 (e.g. :class:`~lengthgen_utils.models.KernelHead`);
+    For the linear-readout models of chapter 6 (e.g. :class:`~lengthgen_utils.core.models.KernelHead`);
     fresh sequences per length from ``seed``, shared by all models.
 
     Returns:
@@ -215,7 +215,7 @@ def lag_agreement(model, task, seq_len: int, lag: int, min_position: int = 0, n_
                   seed: int = 12345) -> Tensor:
     """How often a full-sequence model predicts the token ``lag`` places back, at the task's scored positions.
 
-    A diagnostic of the rule a model applies: on copying the first half (:class:`~lengthgen_utils.tasks.Copy`)
+    A diagnostic of the rule a model applies: on copying the first half (:class:`~lengthgen_utils.core.tasks.Copy`)
     trained at one length, the right offset grows with the length, and a model that still answers with
     the token ``lag`` back, the offset it was trained on, has learned a fixed-offset rule (chapter 8).
 

@@ -51,20 +51,22 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from . import __version__
-from ._validate import check_device, env_path, expand_path
+from .. import __version__
+from .._validate import check_device, env_path, expand_path
 
 CACHE_ENV = "LENGTHGEN_CACHE"
 MAGIC = b"LENGTHGEN-CACHE 1\n"
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lengthgen_utils/
 REPO_ROOT = _PACKAGE_DIR.parent
 ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.pt")
 """The name of an entry: its key (a SHA-256 in hex) and ``.pt``."""
 TEMP_NAME = re.compile(r"\.[0-9a-f]{16}\.[A-Za-z0-9_]+\.tmp")
 """The name of a temporary file of :func:`save_entry`: ``.<first 16 digits of the key>.<random>.tmp``."""
-# Modules whose code cannot change a cached number (figures, widgets, command-line front ends).
-_NOT_FINGERPRINTED = {"plots.py", "widgets.py", "bench.py", "buildtime.py", "__main__.py", "profiles.py",
-                      "scoreboard.py", "checks.py", "robustness.py"}
+# The code that computes a cached number: the models, the analyses and the experiment machinery. The book's
+# figures, checks and scoreboard (book/) and the tools cannot change one; profiles only choose configurations,
+# which the key holds anyway.
+_FINGERPRINTED = ("_validate.py", "core", "analysis", "run")
+_NOT_FINGERPRINTED = {"run/profiles.py"}
 
 
 class CorruptEntry(Exception):
@@ -73,9 +75,12 @@ class CorruptEntry(Exception):
 
 def _fingerprint_files() -> str:
     h = hashlib.sha256()
-    for path in sorted(_PACKAGE_DIR.glob("*.py")):
-        if path.name not in _NOT_FINGERPRINTED:
-            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    paths = [_PACKAGE_DIR / p for p in _FINGERPRINTED if p.endswith(".py")]
+    paths += [p for d in _FINGERPRINTED if not d.endswith(".py") for p in (_PACKAGE_DIR / d).rglob("*.py")]
+    for path in sorted(paths):
+        name = path.relative_to(_PACKAGE_DIR).as_posix()
+        if name not in _NOT_FINGERPRINTED:
+            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -359,7 +364,7 @@ def numeric_settings(device=None) -> dict:
     Each of them changes float rounding or precision without changing any configuration, so each is
     part of every cache key (a run under one setting is never served to a run under another):
 
-    * ``seed_base``: ``$LENGTHGEN_SEED`` (:mod:`~lengthgen_utils.seeding`): every random draw moves;
+    * ``seed_base``: ``$LENGTHGEN_SEED`` (:mod:`~lengthgen_utils.run.seeding`): every random draw moves;
     * ``cpu_capability``: the SIMD kernels torch dispatches to on the CPU (``AVX512``, ``AVX2``, ``DEFAULT``;
       ``$ATEN_CPU_CAPABILITY`` lowers it): vector widths change the order of reductions;
     * ``default_dtype``: ``torch.set_default_dtype``;
@@ -420,20 +425,20 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
     default dtype, ...), so an entry made by other settings or other code is never used. The thread count is in the key
     because it changes float rounding: a matmul or a sum split over two threads adds in another
     order, which moves a transformer's loss by about 1e-7 after one step and its trained weights
-    further after hundreds (:data:`~lengthgen_utils.training.CPU_THREADS`); a cached result is the
+    further after hundreds (:data:`~lengthgen_utils.run.training.CPU_THREADS`); a cached result is the
     result this machine computes at that count, bit for bit. Entries are written atomically and verified on reading;
     a corrupt, truncated or foreign entry is reported with a ``RuntimeWarning`` and recomputed.
 
     Args:
-        config: a frozen dataclass instance (e.g. :class:`~lengthgen_utils.configs.RetrievalExperiment`).
+        config: a frozen dataclass instance (e.g. :class:`~lengthgen_utils.run.configs.RetrievalExperiment`).
         compute: called with no arguments on a miss; returns the payload, a dict of
             tensors, state dicts, numbers, strings and lists (no models or other objects).
         cache: ``True`` (the default folder: ``$LENGTHGEN_CACHE`` or ``<repo>/.cache/lengthgen``),
             ``False`` (always compute, store nothing), or a folder path.
         device: the device the computation runs on (its type is part of the key); default
-            :func:`~lengthgen_utils.training.default_device`.
+            :func:`~lengthgen_utils.run.training.default_device`.
         threads: the intra-op CPU thread count the computation runs with (part of the key on the
-            CPU), e.g. :func:`~lengthgen_utils.training.default_cpu_threads` of its model's path.
+            CPU), e.g. :func:`~lengthgen_utils.run.training.default_cpu_threads` of its model's path.
 
     Returns:
         ``(payload, status)``: status is ``"hit"``, ``"miss"`` (computed and stored),

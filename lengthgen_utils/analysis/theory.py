@@ -1,6 +1,6 @@
 """Closed forms the book tests against its trained models.
 
-Kernels are ``[M, n]`` tensors in the row layout of :mod:`~lengthgen_utils.kernel`: column ``j``
+Kernels are ``[M, n]`` tensors in the row layout of :mod:`~lengthgen_utils.analysis.kernel`: column ``j``
 holds ``s(D = j - (n-1))``, the target ``D = -k`` is column ``n-1-k``, and the keys a query sees at
 length ``L`` are the last ``L`` columns.
 
@@ -16,9 +16,9 @@ import math
 import torch
 from torch import Tensor
 
-from ._validate import (check_int, check_int_sequence, check_nonempty, check_positive_float, n_per_model,
-                        per_model_floats, per_model_ints)
-from .positional import check_relative_positions, rope_kernel_features
+from .._validate import (check_int, check_int_sequence, check_nonempty, check_positive_float, n_per_model,
+                         per_model_floats, per_model_ints)
+from ..core.rope import check_relative_positions, rope_kernel_features
 
 # --- dilution (chapter 5)
 
@@ -286,7 +286,7 @@ def frequency_orbits(theta, max_denominator: int = 12, atol: float = 1e-6) -> li
     independent over the rationals, as are the generators together with ``2 pi``.
 
     Args:
-        theta: frequencies ``[P]`` (rad/token), e.g. :func:`~lengthgen_utils.positional.rope_inverse_frequencies`.
+        theta: frequencies ``[P]`` (rad/token), e.g. :func:`~lengthgen_utils.core.rope.rope_inverse_frequencies`.
         max_denominator: largest ``q`` tried in ``p / q``.
         atol: how close ``q theta_a / theta_b`` must be to an integer.
 
@@ -375,7 +375,7 @@ def orbit_log_mean_exp(r, phi, theta, orbits=None, grid: int | None = None) -> T
 
     Args:
         r, phi: amplitudes and phases ``[M, P]`` (or ``[P]``), as in
-            :func:`~lengthgen_utils.kernel.carrier_spectrum` (nats, rad).
+            :func:`~lengthgen_utils.analysis.kernel.carrier_spectrum` (nats, rad).
         theta: frequencies ``[P]`` (rad/token).
         orbits: the groups (default :func:`frequency_orbits` of ``theta``).
         grid: quadrature points per group (default: enough for the largest multiplier and amplitude).
@@ -595,12 +595,12 @@ def squared_loss_quadratic(train_len: int, offset: int, vocab_size: int, d_head:
                            base: float = 10000.0, frequencies=None) -> tuple[Tensor, Tensor, float]:
     """The expected squared loss of the direct kernel head as a quadratic ``J(c) = c^T H c - 2 b^T c + z``.
 
-    Model (:class:`~lengthgen_utils.models.KernelHead`): output ``o = sum_j s(D_j) e(x_j)``
+    Model (:class:`~lengthgen_utils.core.models.KernelHead`): output ``o = sum_j s(D_j) e(x_j)``
     with one-hot values ``e`` over the V content tokens; loss ``||o - e(y)||^2``. With
     tokens i.i.d. uniform, ``E||o - e(y)||^2 = r^T A r`` where ``r = s - e_k`` on the
     content offsets of the sequence and ``A = (1 - 1/V) I + (1/V) 1 1^T``. Averaging over
     training lengths ``L`` uniform in ``offset+2 .. train_len`` (the sampler of
-    :func:`~lengthgen_utils.training.train`) gives ``H = E_L[Phi_L^T A Phi_L]``,
+    :func:`~lengthgen_utils.run.training.train`) gives ``H = E_L[Phi_L^T A Phi_L]``,
     ``b = E_L[Phi_L^T A e_k]`` and ``z = E_L[e_k^T A e_k] = 1``.
 
     Returns:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_device, check_int
+from .._validate import check_device, check_int
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -336,7 +336,7 @@ SHORT_SEQUENCE = 32
 """Up to this many keys, :func:`causal_attention`'s fast path uses batched matmuls instead of SDPA.
 
 At the book's training length (32) torch's fused CPU attention kernel did not get faster with a second
-thread (``python -m lengthgen_utils.bench`` setting, 2 cores: 10.9 ms at one thread, 10.6 at two, for
+thread (``python -m lengthgen_utils.tools.bench`` setting, 2 cores: 10.9 ms at one thread, 10.6 at two, for
 forward and backward of 288 sequences x 4 heads), while three batched kernels (scores with the mask as
 their start, softmax, weighted values) did: the transformer's whole training step was 12% faster with
 them at 3 models and 2 threads. Longer sequences keep the fused kernel, which never stores the

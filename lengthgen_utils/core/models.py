@@ -5,7 +5,7 @@
 * :class:`LinearRNN`: a linear recurrent model on the same task (chapter 8);
 * :class:`Transformer`: a pre-LN decoder for the full-sequence tasks (chapters 7-9).
 
-Each model asks its position encoding (:mod:`~lengthgen_utils.positional`) what to add to the
+Each model asks its position encoding (:mod:`~lengthgen_utils.core.encodings`) what to add to the
 residual stream, how to rotate queries and keys and what to add to the scores; none of them knows
 which encoding it holds. Weights are stored ``[out, in]`` and act on column vectors, as in the book
 (``q = W_Q x``). Training ``n_models`` independent models in one batched pass is what makes five
@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
-                        per_model_ints, per_model_rows)
+from .._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
+                         per_model_ints, per_model_rows)
+from ..run.seeding import generator
 from .attention import _causal_attention, _check_bias, attention_scores, causal_mask, check_attention, row_weights
-from .seeding import generator
-from .positional import Encoding, RoPE, get_encoding, kernel_frequencies, rope_kernel_features
+from .encodings import Encoding, RoPE, get_encoding
+from .rope import kernel_frequencies, rope_kernel_features
 
 
 def _seeds(seeds, n_models: int) -> tuple[int, ...]:
@@ -165,8 +166,8 @@ class RetrievalHeadConfig:
     Attributes:
         vocab_size: content tokens V (the input vocabulary is V + 1 with the query token).
         d_model, d_head: widths.
-        pe: the position encoding (an :class:`~lengthgen_utils.positional.Encoding`; a name is looked up).
-        attention: the normaliser, a key of :data:`~lengthgen_utils.attention.ROW_WEIGHTS`.
+        pe: the position encoding (an :class:`~lengthgen_utils.core.encodings.Encoding`; a name is looked up).
+        attention: the normaliser, a key of :data:`~lengthgen_utils.core.attention.ROW_WEIGHTS`.
         max_len: positions the encoding must cover (rows of an APE table).
     """
 
@@ -208,9 +209,9 @@ class RetrievalHead(EnsembleModel):
     Args:
         vocab_size: number of content tokens V (the input vocabulary is V + 1 with ``[Q]``).
         d_model, d_head: widths.
-        pe: the position encoding: an :class:`~lengthgen_utils.positional.Encoding` or a registered
+        pe: the position encoding: an :class:`~lengthgen_utils.core.encodings.Encoding` or a registered
             name (``"rope"``, ``"ape"``, ``"nope"``, ...).
-        attention: ``"softmax"`` or ``"linear"`` (:data:`~lengthgen_utils.attention.ROW_WEIGHTS`).
+        attention: ``"softmax"`` or ``"linear"`` (:data:`~lengthgen_utils.core.attention.ROW_WEIGHTS`).
         max_len: positions the encoding must cover (the APE table's rows = longest usable sequence).
         n_models: ensemble size M.
         seeds: ``n_models`` ints, one initialisation seed per model (default ``0 .. M-1``).
@@ -316,7 +317,7 @@ class RetrievalHead(EnsembleModel):
         """A copy with the same weights whose attention row uses another normaliser (chapter 6's test-time swap).
 
         Args:
-            attention: a key of :data:`~lengthgen_utils.attention.ROW_WEIGHTS`.
+            attention: a key of :data:`~lengthgen_utils.core.attention.ROW_WEIGHTS`.
 
         Raises:
             ValueError: an unknown normaliser.
@@ -336,14 +337,14 @@ class KernelHead(Ensemble):
     attention weight on the key at relative position ``D = j - (L-1)`` is the kernel
     ``s(D) = Phi(D) . c`` itself (no softmax, no normaliser, no scale), with
     ``Phi(D) = [cos(theta_i D)]_i ++ [sin(theta_i D)]_i`` (RoPE frequencies
-    ``theta_i``, see :func:`~lengthgen_utils.positional.rope_kernel_features`) and
+    ``theta_i``, see :func:`~lengthgen_utils.core.rope.rope_kernel_features`) and
     ``c`` in ``R^{d_head}`` the only parameter. Values are one-hot over the V
     content tokens (the query token's value is zero)::
 
         output_v = sum_{j=0}^{L-1} s(j - (L-1)) [x_j == v],   v = 0 .. V-1
 
     A factorised RoPE head with ``q = W_Q u``, ``k = W_K u`` realises every
-    ``c`` (:func:`~lengthgen_utils.positional.rope_kernel_coefficients`), so this is
+    ``c`` (:func:`~lengthgen_utils.core.rope.rope_kernel_coefficients`), so this is
     the same function class with the kernel as the parameter.
 
     Args:
@@ -693,7 +694,7 @@ class Transformer(EnsembleModel):
         projected once and looked up, instead of projecting B*L copies of them.
 
         For an encoding whose rotation has a cheaper form on reordered channels
-        (:meth:`~lengthgen_utils.positional.Encoding.dot_product_form`, e.g. RoPE's half-split
+        (:meth:`~lengthgen_utils.core.encodings.Encoding.dot_product_form`, e.g. RoPE's half-split
         pairing), the query and key rows of ``W_QKV`` are reordered and that form is used: the
         logits ``q . k`` are the same, the channels of the returned ``q`` and ``k`` are in that order.
         """
@@ -720,7 +721,7 @@ class Transformer(EnsembleModel):
         Layout: the residual stream is ``[M, B*L, d_model]`` and every weight ``[M, out, in]``, so each
         projection is one ``baddbmm`` over the models (biases and residual adds fused into it, rows
         split evenly over the threads: :func:`_baddbmm`); attention sees ``[M*B, H, L, d_head]``
-        (:func:`~lengthgen_utils.attention.causal_attention`: batched matmuls for short sequences,
+        (:func:`~lengthgen_utils.core.attention.causal_attention`: batched matmuls for short sequences,
         torch's fused kernel, which takes this 4-D layout, beyond).
         """
         _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)

@@ -2,7 +2,7 @@
 
 A chapter calls one runner per experiment, so its cells stay a few lines long and every
 chapter uses the same settings for the same profile. Each runner goes through
-:func:`~lengthgen_utils.cache.load_or_run`: a rebuild of the book loads what an earlier
+:func:`~lengthgen_utils.run.cache.load_or_run`: a rebuild of the book loads what an earlier
 build computed instead of training again, and a loaded result is the stored one exactly.
 
 Data flows one way: configuration -> model -> training -> evaluation -> result.
@@ -12,20 +12,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from ._validate import check_device, check_int, check_positive_float
+from .._validate import check_device, check_int, check_positive_float
+from ..analysis.theory import (expected_squared_error, gradient_descent_kernel, log_length_scale,
+                               min_norm_interpolant, squared_loss_quadratic, trained_relative_positions)
+from ..core.encodings import get_encoding
+from ..core.models import KernelHead, LinearRNN, RetrievalHead, Transformer
+from ..core.rope import kernel_frequencies, rope_kernel_features
 from .cache import load_or_run
 from .configs import (KernelHeadConfig, RecurrentExperiment, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
                       TransformerExperiment, transformer_experiment)
-from .evaluation import (accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position)
-from .models import KernelHead, LinearRNN, RetrievalHead, Transformer
-from .positional import get_encoding, kernel_frequencies, rope_kernel_features
+from .evaluation import accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position
 from .profiles import Profile
-from .theory import (expected_squared_error, gradient_descent_kernel, log_length_scale, min_norm_interpolant,
-                     squared_loss_quadratic, trained_relative_positions)
+from .results import Ensemble, Runs
 from .training import default_cpu_threads, train, train_sequence, train_squared_loss
 
 
@@ -34,19 +35,7 @@ def _device(device) -> torch.device:
     return check_device(device)
 
 
-# ---------------------------------------------------------------- one single-head ensemble
-@dataclass
-class RetrievalResult:
-    """What :func:`run_retrieval` returns: the trained ensemble and its measurements."""
-
-    experiment: RetrievalExperiment
-    model: RetrievalHead
-    loss_history: torch.Tensor  # [steps, n_seeds]
-    lengths: list[int]
-    accuracy: torch.Tensor  # [n_seeds, len(lengths)]
-    extra: dict = field(default_factory=dict)
-
-
+# ---------------------------------------------------------------- single-head ensembles
 def _retrieval_head(settings, n_models: int, seeds, pe, attention: str) -> RetrievalHead:
     return RetrievalHead(settings.vocab_size, settings.d_model, settings.d_head, pe, attention,
                          max_len=settings.table_len, n_models=n_models, seeds=seeds)
@@ -65,27 +54,36 @@ def _model_payload(model, history, lengths, accuracy) -> dict:
             "accuracy": accuracy}
 
 
-def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> RetrievalResult:
+def _members(pe, attention: str, tasks, seeds) -> list[dict]:
+    """The labels of an ensemble's models: one dict per model, in the model's order."""
+    return [{"pe": pe, "attention": attention, "offset": getattr(task, "offset", None), "seed": int(seed),
+             "task": task} for task, seed in zip(tasks, seeds)]
+
+
+def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Runs:
     """Build, train and evaluate the ensemble described by ``exp`` (or load it from the results cache).
 
     Seeds ``0 .. n_seeds-1`` initialise the models; ``exp.data_seed`` seeds the training stream.
 
     Args:
         exp: the experiment.
-        device: where to train (default :func:`~lengthgen_utils.training.default_device`).
+        device: where to train (default :func:`~lengthgen_utils.run.training.default_device`).
         cache: ``True`` (default folder), ``False`` (train, store nothing) or a cache folder;
-            see :func:`~lengthgen_utils.cache.load_or_run`. ``result.extra["cache"]`` says what happened.
+            see :func:`~lengthgen_utils.run.cache.load_or_run`.
 
     Returns:
-        a :class:`RetrievalResult` whose model lives on ``device``.
+        a :class:`~lengthgen_utils.run.results.Runs` of ``n_seeds`` members (labels ``pe``, ``attention``,
+        ``offset``, ``seed``, ``task``) whose model lives on ``device``.
     """
     model, payload, status = _train_query_readout(exp, build_model, exp.task, exp.min_train_len, device, cache)
-    return RetrievalResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"],
-                           extra={"cache": status})
+    members = _members(exp.pe, exp.attention, [exp.task] * exp.n_seeds, range(exp.n_seeds))
+    return Runs(exp, members, list(payload["lengths"]), payload["accuracy"],
+                [Ensemble(model, list(range(exp.n_seeds)), lambda: build_model(exp))], payload["loss_history"],
+                cache={(exp.pe, exp.attention): status})
 
 
 def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
-    """Train ``build(exp)`` with :func:`~lengthgen_utils.training.train` and evaluate it at ``exp.eval_lengths``
+    """Train ``build(exp)`` with :func:`~lengthgen_utils.run.training.train` and evaluate it at ``exp.eval_lengths``
     (or load both from the results cache): the recipe every query-readout ensemble shares.
 
     Returns:
@@ -109,142 +107,71 @@ def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
     return model.to(device).eval(), payload, status
 
 
-# ---------------------------------------------------------------- sweeps: seeds x offsets x encodings x attention
-@dataclass
-class SweepResult:
-    """What :func:`run_sweep` returns. Keys are ``(pe, attention)`` with ``pe`` an Encoding; models are offset-major.
-
-    Attributes:
-        sweep: the sweep.
-        lengths: evaluation lengths (tokens).
-        accuracy: ``(pe, attention) -> [n_offsets, n_seeds, n_lengths]`` float64 accuracies.
-        loss_history: ``(pe, attention) -> [steps, n_offsets, n_seeds]`` training losses (nats).
-        models: ``(pe, attention) ->`` the trained :class:`RetrievalHead` of ``n_offsets * n_seeds`` models.
-        cache: ``(pe, attention) ->`` cache status (see :func:`~lengthgen_utils.cache.load_or_run`).
-        seconds: ``(pe, attention) ->`` wall time of training or loading (s).
-    """
-
-    sweep: RetrievalSweep
-    lengths: list[int]
-    accuracy: dict
-    loss_history: dict
-    models: dict
-    cache: dict = field(default_factory=dict)
-    seconds: dict = field(default_factory=dict)
-
-    def result(self, pe, offset: int, attention: str = "softmax") -> RetrievalResult:
-        """The seeds of one ``(pe, offset, attention)`` as a :class:`RetrievalResult` (its own model copy)."""
-        pe = get_encoding(pe)
-        exp = self.sweep.experiment(pe, offset, attention)
-        row = self.sweep.offsets.index(offset)
-        n = self.sweep.n_seeds
-        model = self.models[(pe, attention)].subset(range(row * n, (row + 1) * n))
-        return RetrievalResult(exp, model, self.loss_history[(pe, attention)][:, row].clone(), list(self.lengths),
-                               self.accuracy[(pe, attention)][row].clone(),
-                               extra={"cache": self.cache.get((pe, attention)), "sweep": self.sweep})
-
-    def summary_rows(self) -> list[dict]:
-        """One row per ``(pe, attention, offset)``: mean, min and max accuracy over seeds at each length."""
-        rows = []
-        for (pe, attention), acc in self.accuracy.items():
-            for row, offset in enumerate(self.sweep.offsets):
-                a = acc[row]  # [n_seeds, n_lengths]
-                rows.append({"pe": pe, "attention": attention, "offset": offset,
-                             "mean": a.mean(0).tolist(), "min": a.min(0).values.tolist(),
-                             "max": a.max(0).values.tolist()})
-        return rows
-
-
 def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = False,
-              on_ensemble: Callable | None = None) -> SweepResult:
+              on_ensemble: Callable | None = None) -> Runs:
     """Train and evaluate every ensemble of ``sweep`` (one batched ensemble per (encoding, attention)), through the cache.
 
     Args:
         sweep: the sweep.
-        device: where to train (default :func:`~lengthgen_utils.training.default_device`).
-        cache: see :func:`~lengthgen_utils.cache.load_or_run`; each ensemble is its own entry.
+        device: where to train (default :func:`~lengthgen_utils.run.training.default_device`).
+        cache: see :func:`~lengthgen_utils.run.cache.load_or_run`; each ensemble is its own entry.
         progress: show a progress bar per ensemble's training.
         on_ensemble: called as ``on_ensemble(pe, attention, status, seconds)`` after each ensemble.
 
     Returns:
-        a :class:`SweepResult`.
+        a :class:`~lengthgen_utils.run.results.Runs`: one member per (encoding, attention, offset, seed), one
+        ensemble per (encoding, attention) whose models are offset-major; ``extra["seconds"]`` holds each
+        ensemble's wall time of training or loading.
     """
     device = _device(device)
     lengths = sweep.eval_lengths
     tasks, seeds = sweep.tasks, sweep.seeds
-    shape = (len(sweep.offsets), sweep.n_seeds)
-    out = SweepResult(sweep, lengths, {}, {}, {})
+    members, ensembles, accuracy, history, status, seconds = [], [], [], [], {}, {}
     for pe in sweep.pes:
         for attention in sweep.attentions:
             start = time.perf_counter()
 
+            def build(pe=pe, attention=attention):
+                return _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
+
             def compute():
-                model = _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
-                history = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
-                                train_len=sweep.train_len, fixed_length=sweep.fixed_length,
-                                weight_decay=sweep.weight_decay, seed=sweep.data_seed, device=device,
-                                min_train_len=sweep.shortest_train_len, progress=progress)
+                model = build()
+                loss = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
+                             train_len=sweep.train_len, fixed_length=sweep.fixed_length,
+                             weight_decay=sweep.weight_decay, seed=sweep.data_seed, device=device,
+                             min_train_len=sweep.shortest_train_len, progress=progress)
                 acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
-                return _model_payload(model, history, lengths, acc)
+                return _model_payload(model, loss, lengths, acc)
 
-            payload, status = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache, device=device,
-                                          threads=default_cpu_threads("single-head"))
-            model = _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
+            payload, status[(pe, attention)] = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache,
+                                                           device=device, threads=default_cpu_threads("single-head"))
+            model = build()
             model.load_state_dict(payload["state_dict"])
-            key = (pe, attention)
-            out.models[key] = model.to(device).eval()
-            out.accuracy[key] = payload["accuracy"].view(*shape, len(lengths))
-            out.loss_history[key] = payload["loss_history"].view(-1, *shape)
-            out.cache[key] = status
-            out.seconds[key] = time.perf_counter() - start
+            ensembles.append(Ensemble(model.to(device).eval(), list(range(len(members), len(members) + len(tasks))),
+                                      build))
+            members += _members(pe, attention, tasks, seeds)
+            accuracy.append(payload["accuracy"])
+            history.append(payload["loss_history"])
+            seconds[(pe, attention)] = time.perf_counter() - start
             if on_ensemble is not None:
-                on_ensemble(pe, attention, status, out.seconds[key])
-    return out
+                on_ensemble(pe, attention, status[(pe, attention)], seconds[(pe, attention)])
+    return Runs(sweep, members, list(lengths), torch.cat(accuracy), ensembles, torch.cat(history, 1),
+                extra={"seconds": seconds}, cache=status)
 
 
-@dataclass
-class OffsetSweepResult:
-    """What :func:`run_offset_sweep` returns: one ensemble holding every (offset, seed) pair.
-
-    Model ``i`` was trained on offset ``offsets[i]`` from seed ``seeds[i]``;
-    ``accuracy`` is ``[n_models, len(lengths)]``.
-    """
-
-    experiment: RetrievalExperiment
-    model: RetrievalHead
-    offsets: list[int]
-    seeds: list[int]
-    loss_history: torch.Tensor
-    lengths: list[int]
-    accuracy: torch.Tensor
-
-    def rows(self, offset: int) -> list[int]:
-        """Indices of the models trained on ``offset``."""
-        rows = [i for i, k in enumerate(self.offsets) if k == offset]
-        if not rows:
-            raise ValueError(f"offset must be one of {sorted(set(self.offsets))}; got {offset!r}")
-        return rows
-
-
-def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), device=None, cache=True) -> OffsetSweepResult:
+def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), device=None, cache=True) -> Runs:
     """Train ``exp.n_seeds`` seeds for each offset in one ensemble and evaluate at ``exp.eval_lengths``.
 
-    The one-ensemble :class:`~lengthgen_utils.configs.RetrievalSweep` of ``exp``
-    (:meth:`~lengthgen_utils.configs.RetrievalSweep.of_experiment`) run by :func:`run_sweep`, flattened
-    to one model per row: ``exp.offset`` is ignored (each model gets its own offset from ``offsets``);
-    every other field of ``exp`` applies.
+    The one-ensemble :class:`~lengthgen_utils.run.configs.RetrievalSweep` of ``exp``
+    (:meth:`~lengthgen_utils.run.configs.RetrievalSweep.of_experiment`) run by :func:`run_sweep`:
+    ``exp.offset`` is ignored (each model gets its own offset from ``offsets``); every other field of ``exp``
+    applies.
 
     Raises:
         ValueError / TypeError: ``offsets`` empty, repeated, not ints, or too large for
             ``exp.train_len`` (or ``exp.min_train_len``).
     """
-    sweep = RetrievalSweep.of_experiment(exp, offsets)
-    result = run_sweep(sweep, device=device, cache=cache)
-    key = (exp.pe, exp.attention)
-    history = result.loss_history[key]
-    return OffsetSweepResult(exp, result.models[key], [t.offset for t in sweep.tasks], sweep.seeds,
-                             history.reshape(history.shape[0], -1), list(result.lengths),
-                             result.accuracy[key].reshape(sweep.n_models, -1))
+    return run_sweep(RetrievalSweep.of_experiment(exp, offsets), device=device, cache=cache)
 
 
 # ---------------------------------------------------------------- untrained heads (the nulls of chapter 4)
@@ -277,41 +204,17 @@ class _LogLengthTrainingHead(RetrievalHead):
         return super().forward(tokens, position_shift, validate, scale, positions)
 
 
-@dataclass
-class SnapshotResult:
-    """What :func:`run_snapshots` returns.
-
-    Attributes:
-        config: the :class:`~lengthgen_utils.configs.SnapshotSweep`.
-        models: ``step ->`` the ensemble's weights after that step (a :class:`RetrievalHead`, offset-major models).
-        accuracy: ``step ->`` ``[n_models, len(lengths)]`` accuracy at ``config.lengths`` (with the
-            log-length scale when ``config.length_temperature``).
-        loss_history: ``[steps, n_models]`` training losses (nats).
-        offsets: one offset per model; seeds: one initialisation seed per model.
-    """
-
-    config: SnapshotSweep
-    models: dict
-    accuracy: dict
-    loss_history: torch.Tensor
-    offsets: list
-    seeds: list
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def lengths(self) -> list[int]:
-        return list(self.config.lengths)
-
-
-def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> SnapshotResult:
+def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
     """Train the one ensemble of ``config.sweep`` once, keeping its weights at ``config.snapshot_steps``.
 
     Each snapshot equals the same ensemble trained for that many steps alone (the training stream does
-    not depend on the run's length). Every snapshot is evaluated at ``config.lengths``. Results go
-    through the results cache.
+    not depend on the run's length). Every snapshot is evaluated at ``config.lengths`` (with the log-length
+    scale when ``config.length_temperature``). Results go through the results cache.
 
     Returns:
-        a :class:`SnapshotResult`.
+        a :class:`~lengthgen_utils.run.results.Runs` with one ensemble per snapshot: its members carry the
+        label ``step`` besides the sweep's (``where(step=500)`` is the ensemble after 500 steps); every member's
+        loss history is the run's, up to its last step.
     """
     device = _device(device)
     sweep = config.sweep
@@ -348,44 +251,27 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> SnapshotRes
 
     payload, status = load_or_run(config, compute, cache=cache, device=device,
                                   threads=default_cpu_threads("single-head"))
-    models = {}
-    for step, state in zip(config.snapshot_steps, payload["states"]):
-        models[step] = build()
-        models[step].load_state_dict(state)
-        models[step].to(device).eval()
-    return SnapshotResult(config, models, dict(zip(config.snapshot_steps, payload["accuracy"])),
-                          payload["loss_history"], [t.offset for t in tasks], list(seeds), extra={"cache": status})
+    members, ensembles, accuracy = [], [], []
+    for step, state, acc in zip(config.snapshot_steps, payload["states"], payload["accuracy"]):
+        model = build()
+        model.load_state_dict(state)
+        ensembles.append(Ensemble(model.to(device).eval(), list(range(len(members), len(members) + len(tasks))),
+                                  build))
+        members += [{**m, "step": step} for m in _members(pe, attention, tasks, seeds)]
+        accuracy.append(acc)
+    history = payload["loss_history"].repeat(1, len(config.snapshot_steps))
+    return Runs(config, members, lengths, torch.cat(accuracy), ensembles, history, cache={(pe, attention): status})
 
 
 # ---------------------------------------------------------------- the direct kernel head (chapter 6)
-@dataclass
-class KernelResult:
-    """Direct-kernel ensemble (one model per data seed, each started at ``c = 0``) and its theory."""
-
-    name: str
-    frequencies: torch.Tensor  # [d_head // 2] rad/token
-    lr: float
-    steps: int
-    c: torch.Tensor  # [n_seeds, d_head] trained kernels
-    c_gd: torch.Tensor  # [d_head] closed-form gradient descent on the expected loss after `steps` steps
-    c_star: torch.Tensor  # [d_head] exact min-norm interpolant pinv(Phi_T) e_k
-    loss_history: torch.Tensor  # [steps, n_seeds]
-    lengths: list[int]
-    accuracy: torch.Tensor  # [n_seeds, len(lengths)]
-    squared_error: torch.Tensor  # [n_seeds, len(lengths)] measured
-    predicted_squared_error: torch.Tensor  # [len(lengths)] from c_gd, exact expectation
-    hessian_eigenvalues: torch.Tensor  # [d_head]
-    min_norm_accuracy: torch.Tensor  # [len(lengths)] accuracy of c* itself (float64), on the same sequences
-
-
 def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=None,
-                    lr_fraction: float = 0.5, steps: int | None = None, device=None, cache=True) -> KernelResult:
+                    lr_fraction: float = 0.5, steps: int | None = None, device=None, cache=True) -> Runs:
     """Train the directly parameterised kernel head with SGD on the squared loss, and its closed forms.
 
     One model per data seed ``exp.data_seed + i`` (``i < exp.n_seeds``), each from ``c = 0``
     (with ``c = 0`` every model of one data stream is the same, so seeds vary the data). The
     models train as one batched ensemble, model ``i`` on its own stream
-    (:func:`~lengthgen_utils.training.train_squared_loss` with one seed per model), through the
+    (:func:`~lengthgen_utils.run.training.train_squared_loss` with one seed per model), through the
     results cache. The step size is ``lr_fraction / lambda_max(H)`` (stable for ``lr_fraction < 1``).
 
     Args:
@@ -394,11 +280,16 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
         frequencies: ``theta [d_head // 2]`` in rad/token, or ``None`` for RoPE's.
         lr_fraction: the step size as a fraction of ``1 / lambda_max`` of the expected-loss Hessian.
         steps: SGD steps (default ``exp.steps``).
-        device: where to train (default :func:`~lengthgen_utils.training.default_device`).
+        device: where to train (default :func:`~lengthgen_utils.run.training.default_device`).
 
     Returns:
-        a :class:`KernelResult`; its ``min_norm_accuracy`` is the accuracy of ``c*`` itself, evaluated
-        in float64 on the same sequences as the trained models.
+        a :class:`~lengthgen_utils.run.results.Runs` of ``n_seeds`` members (label ``data_seed`` besides the
+        experiment's), whose measures are ``c [M, d_head]`` (the trained kernels) and ``squared_error [M, n]``;
+        its run-level results (``extra``, also attributes) are ``name``, ``frequencies [d_head // 2]``, ``lr``,
+        ``steps``, ``c_gd [d_head]`` (closed-form gradient descent on the expected loss after ``steps`` steps),
+        ``c_star [d_head]`` (the exact min-norm interpolant), ``predicted_squared_error [n]`` (from ``c_gd``,
+        exact expectation), ``hessian_eigenvalues [d_head]`` and ``min_norm_accuracy [n]`` (the accuracy of
+        ``c*`` itself, in float64 on the same sequences as the trained models).
 
     Raises:
         ValueError: ``exp.fixed_length`` or ``exp.min_train_len`` is set (the closed forms assume
@@ -427,7 +318,8 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
                 "squared_error": squared_error_by_length(model, exp.task, lengths, n_samples=exp.eval_samples)}
 
     config = KernelHeadConfig(exp, None if frequencies is None else tuple(theta.tolist()), lr_fraction, steps)
-    payload, _ = load_or_run(config, compute, cache=cache, device=device, threads=default_cpu_threads("single-head"))
+    payload, status = load_or_run(config, compute, cache=cache, device=device,
+                                  threads=default_cpu_threads("single-head"))
     c_gd = gradient_descent_kernel(h, b, lr, steps)
     c_star = min_norm_interpolant(trained_relative_positions(exp.train_len, exp.offset), exp.offset, exp.d_head,
                                   frequencies=theta)
@@ -439,72 +331,62 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
     with torch.no_grad():
         min_norm.c.copy_(c_star[None])
     min_norm_accuracy = accuracy_by_length(min_norm, exp.task, lengths, n_samples=exp.eval_samples)[0]
-    return KernelResult(name, theta, lr, steps, payload["c"], c_gd, c_star, payload["loss_history"], lengths,
-                        payload["accuracy"], payload["squared_error"], predicted, eig, min_norm_accuracy)
+    model = KernelHead(exp.vocab_size, exp.d_head, frequencies=theta, n_models=exp.n_seeds)
+    with torch.no_grad():
+        model.c.copy_(payload["c"].to(model.c.dtype))
+    members = [{**m, "data_seed": exp.data_seed + i}
+               for i, m in enumerate(_members(exp.pe, exp.attention, [exp.task] * exp.n_seeds, [0] * exp.n_seeds))]
+    return Runs(config, members, list(lengths), payload["accuracy"], [Ensemble(model, list(range(exp.n_seeds)))],
+                payload["loss_history"], measures={"c": payload["c"], "squared_error": payload["squared_error"]},
+                extra={"name": name, "frequencies": theta, "lr": lr, "steps": steps, "c_gd": c_gd, "c_star": c_star,
+                       "predicted_squared_error": predicted, "hessian_eigenvalues": eig,
+                       "min_norm_accuracy": min_norm_accuracy}, cache={"kernel head": status})
 
 
 # ---------------------------------------------------------------- a linear recurrent model (chapter 8)
-@dataclass
-class RecurrentResult:
-    """What :func:`run_recurrent` returns: model ``i`` was trained on ``experiment.tasks[i]``."""
-
-    experiment: RecurrentExperiment
-    model: LinearRNN
-    loss_history: torch.Tensor  # [steps, n_models]
-    lengths: list[int]
-    accuracy: torch.Tensor  # [n_models, len(lengths)]
-
-    def rows(self, offset: int) -> list[int]:
-        """Indices of the models trained on ``offset``."""
-        if offset not in self.experiment.offsets:
-            raise ValueError(f"offset must be one of {self.experiment.offsets}; got {offset!r}")
-        i, n = self.experiment.offsets.index(offset), self.experiment.n_seeds
-        return list(range(i * n, (i + 1) * n))
-
-
 def _linear_rnn(exp: RecurrentExperiment) -> LinearRNN:
     return LinearRNN(exp.vocab_size, exp.d_state, exp.init_scale, n_models=exp.n_models, seeds=exp.seeds)
 
 
-def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> RecurrentResult:
+def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> Runs:
     """Train and evaluate the linear recurrent ensemble of ``exp`` (or load it from the results cache).
 
-    The models train with :func:`~lengthgen_utils.training.train` (Adam, cross-entropy at the query:
+    The models train with :func:`~lengthgen_utils.run.training.train` (Adam, cross-entropy at the query:
     the single head's recipe) and are evaluated at ``exp.eval_lengths`` with
-    :func:`~lengthgen_utils.evaluation.accuracy_by_length`.
+    :func:`~lengthgen_utils.run.evaluation.accuracy_by_length`.
 
     Returns:
-        a :class:`RecurrentResult` whose model lives on ``device``.
+        a :class:`~lengthgen_utils.run.results.Runs`, one member per (offset, seed) (``pe`` is None: the
+        recurrence is the model's only position signal), whose model lives on ``device``.
     """
-    model, payload, _ = _train_query_readout(exp, _linear_rnn, exp.tasks, exp.shortest_train_len, device, cache)
-    return RecurrentResult(exp, model, payload["loss_history"], list(payload["lengths"]), payload["accuracy"])
+    model, payload, status = _train_query_readout(exp, _linear_rnn, exp.tasks, exp.shortest_train_len, device,
+                                                  cache)
+    members = _members(None, "recurrent", exp.tasks, exp.seeds)
+    return Runs(exp, members, list(payload["lengths"]), payload["accuracy"],
+                [Ensemble(model, list(range(exp.n_models)), lambda: _linear_rnn(exp))], payload["loss_history"],
+                cache={"recurrent": status})
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)
-@dataclass
-class TransformerResult:
-    """What :func:`run_transformer` returns."""
-
-    experiment: TransformerExperiment
-    model: Transformer
-    loss_history: torch.Tensor  # [steps, n_seeds]
-    accuracy: dict  # {eval length: [n_seeds, L] per-position token accuracy}
-    counts: dict  # {eval length: [L] scored tokens per position}
-    inside: torch.Tensor  # [n_seeds] token accuracy at positions < train_len (at the shortest eval length)
-    outside: dict  # {eval length: [n_seeds] token accuracy at positions >= train_len}
-
-
 def build_transformer(exp: TransformerExperiment) -> Transformer:
     """The untrained ensemble of ``exp`` (seeds ``0 .. n_seeds-1``): what :func:`run_transformer` starts from."""
     return Transformer(exp.task.n_tokens, exp.n_layers, exp.n_heads, exp.d_model, exp.pe, max_len=exp.max_len,
                        n_models=exp.n_seeds)
 
 
-def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> TransformerResult:
+def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Runs:
     """Train the ensemble of ``exp`` and measure per-position token accuracy at each evaluation length.
 
-    Results go through the results cache (``cache`` as in :func:`~lengthgen_utils.cache.load_or_run`):
+    Results go through the results cache (``cache`` as in :func:`~lengthgen_utils.run.cache.load_or_run`):
     a rebuild of the book loads the trained weights and measurements instead of retraining.
+
+    Returns:
+        a :class:`~lengthgen_utils.run.results.Runs` of ``n_seeds`` members whose ``accuracy [M, n]`` holds token
+        accuracy at positions ``< train_len`` at the shortest evaluation length (the training length in every
+        experiment of the book; a longer sequence may score no position below it) and at positions
+        ``>= train_len`` at each longer one; measures ``per_position {L: [M, L]}`` (NaN where the task scores
+        nothing), ``inside [M]`` and ``outside {L: [M]}``; run-level ``counts {L: [L]}`` (scored tokens per
+        position).
     """
     device = _device(device)
 
@@ -518,18 +400,32 @@ def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Tran
         return {"state_dict": dict(model.state_dict()), "loss_history": history,
                 "accuracy": [acc for acc, _ in measured], "counts": [cnt for _, cnt in measured]}
 
-    payload, _ = load_or_run(exp, compute, cache=cache, device=device, threads=default_cpu_threads("transformer"))
+    payload, status = load_or_run(exp, compute, cache=cache, device=device,
+                                  threads=default_cpu_threads("transformer"))
     model = build_transformer(exp)
     model.load_state_dict(payload["state_dict"])
     model.to(device).eval()
-    accuracy = dict(zip(exp.eval_lengths, payload["accuracy"]))
-    counts = dict(zip(exp.eval_lengths, payload["counts"]))
-    split = {L: split_accuracy(accuracy[L], counts[L], exp.train_len) for L in exp.eval_lengths}
-    # inside the training length, measured on the shortest evaluation sequences (the training length
-    # itself in every experiment of the book): a longer sequence may score no position < train_len (copy)
+    return transformer_runs(exp, model, payload["loss_history"], payload["accuracy"], payload["counts"],
+                            lambda: build_transformer(exp), {(exp.pe, "softmax"): status})
+
+
+def transformer_runs(exp: TransformerExperiment, model, loss_history, per_position, counts, build=None,
+                     cache=None) -> Runs:
+    """The :class:`~lengthgen_utils.run.results.Runs` of a trained transformer ensemble from its per-position
+    accuracy (one ``[M, L]`` per evaluation length) and scored-token counts (one ``[L]`` each): what
+    :func:`run_transformer` returns (and the zoo, for a model evaluated under a test-time encoding)."""
+    per_position = dict(zip(exp.eval_lengths, per_position))
+    counts = dict(zip(exp.eval_lengths, counts))
+    split = {L: split_accuracy(per_position[L], counts[L], exp.train_len) for L in exp.eval_lengths}
     inside = split[min(exp.eval_lengths)][0]
-    return TransformerResult(exp, model, payload["loss_history"], accuracy, counts, inside,
-                             {L: out for L, (_, out) in split.items()})
+    outside = {L: out for L, (_, out) in split.items()}
+    columns = [inside if i == 0 else outside[L] for i, L in enumerate(exp.eval_lengths)]
+    members = [{"pe": exp.pe, "attention": "softmax", "offset": getattr(exp.task, "offset", None), "seed": s,
+                "task": exp.task} for s in range(exp.n_seeds)]
+    return Runs(exp, members, list(exp.eval_lengths), torch.stack(columns, 1),
+                [Ensemble(model, list(range(exp.n_seeds)), build)], loss_history,
+                measures={"per_position": per_position, "inside": inside, "outside": outside},
+                extra={"counts": counts}, cache=cache or {})
 
 
 # ---------------------------------------------------------------- suites run by ``python -m lengthgen_utils run``
@@ -537,7 +433,7 @@ SUITE_ENCODINGS = ("rope", "ape", "nope")
 
 
 def run_single_head_suite(profile: Profile, n_seeds: int | None = None, device=None, cache=True,
-                          progress: bool = True, on_ensemble: Callable | None = None) -> SweepResult:
+                          progress: bool = True, on_ensemble: Callable | None = None) -> Runs:
     """The profile's single-head sweep: seeds x offsets x {RoPE, APE, NoPE} x attention types."""
     overrides = {} if n_seeds is None else {"n_seeds": check_int("n_seeds", n_seeds, minimum=1)}
     sweep = RetrievalSweep.from_profile(profile, pes=SUITE_ENCODINGS, **overrides)
@@ -549,7 +445,7 @@ def run_transformer_suite(profile: Profile, n_seeds: int | None = None, device=N
     """Chapter 7's transformer on delayed copy, one ensemble per encoding (RoPE, APE, NoPE).
 
     Seeds default to the profile's transformer setting. ``on_ensemble(pe, attention, status, seconds)`` is
-    called after each ensemble, as for the single-head suite. Returns ``{Encoding: TransformerResult}``.
+    called after each ensemble, as for the single-head suite. Returns ``{Encoding: Runs}``.
     """
     overrides = {} if n_seeds is None else {"n_seeds": check_int("n_seeds", n_seeds, minimum=1)}
     results = {}

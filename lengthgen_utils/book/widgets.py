@@ -2,9 +2,9 @@
 
 These panels need a kernel: in the static web book each chapter shows a
 plotly slider figure over precomputed sweeps instead (see
-:func:`lengthgen_utils.plots.slider_figure`). Open a chapter in Jupyter and run::
+:func:`lengthgen_utils.book.plots.slider_figure`). Open a chapter in Jupyter and run::
 
-    from lengthgen_utils.widgets import RetrievalExplorer
+    from .widgets import RetrievalExplorer
     RetrievalExplorer()
 
 The figure is shown in an ``ipywidgets.Output`` whose outputs are replaced
@@ -19,14 +19,14 @@ import time
 
 import ipywidgets as widgets
 
-from . import plots
-from ._validate import check_int
-from .evaluation import accuracy_by_length
-from .models import RetrievalHead
-from .positional import encoding_names, get_encoding
-from .profiles import Profile, get_profile
-from .tasks import FixedOffsetRetrieval
-from .training import train
+from .._validate import check_int
+from ..book import plots
+from ..core.encodings import encoding_names, get_encoding
+from ..core.models import RetrievalHead
+from ..core.tasks import FixedOffsetRetrieval
+from ..run.evaluation import accuracy_by_length
+from ..run.profiles import Profile, get_profile
+from ..run.training import train
 
 CHAPTER_1_ENCODINGS = ("rope", "ape", "nope")
 PE_CHOICES = (("RoPE, APE and NoPE", "all"),) + tuple((get_encoding(n).label, n) for n in encoding_names())
@@ -40,7 +40,7 @@ def max_offset(train_len: int) -> int:
     """The largest offset a training length admits on the slider: ``min(OFFSET_MAX, train_len - 2)``.
 
     The task needs ``offset <= train_len - 2`` (the target must be a content token of every training
-    sequence; :class:`~lengthgen_utils.tasks.FixedOffsetRetrieval`).
+    sequence; :class:`~lengthgen_utils.core.tasks.FixedOffsetRetrieval`).
     """
     return min(OFFSET_MAX, train_len - 2)
 
@@ -52,7 +52,7 @@ def eval_choices(train_len: int) -> tuple[int, ...]:
 
 def _figure_output(fig) -> dict:
     """A Jupyter ``display_data`` output holding plotly's JSON (what ``Output.outputs`` stores), strict JSON
-    (:func:`~lengthgen_utils.plots.strict_json`: NaN written as ``null``)."""
+    (:func:`~lengthgen_utils.book.plots.strict_json`: NaN written as ``null``)."""
     fig_dict = plots.strict_json(plots.fit_to_column(fig))
     return {"output_type": "display_data", "metadata": {},
             "data": {"application/vnd.plotly.v1+json": {"data": fig_dict["data"], "layout": fig_dict["layout"],
@@ -83,7 +83,7 @@ class RetrievalExplorer(widgets.VBox):
     widget that displays it.
 
     Args:
-        profile: a :class:`~lengthgen_utils.profiles.Profile` or its name; sets seeds, steps,
+        profile: a :class:`~lengthgen_utils.run.profiles.Profile` or its name; sets seeds, steps,
             batch size and evaluation samples (default: ``$LENGTHGEN_PROFILE``, else ``default``).
         offset, train_len, eval_len, pe: initial slider values.
         n_seeds, steps, eval_samples: override the profile's values (e.g. to keep a test short).

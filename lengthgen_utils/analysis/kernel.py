@@ -5,9 +5,9 @@ query at ``i`` is ``D = j - i`` (``<= 0`` under a causal mask); its *distance* i
 the task's *offset* ``k`` is the distance of the target. A kernel over ``n`` relative positions
 is stored as ``[M, n]`` in the **row layout**: column ``j`` holds ``s(D = j - (n-1))``, the
 attention logits of a query at position ``n-1`` over keys ``0 .. n-1``, exactly as
-:meth:`~lengthgen_utils.models.RetrievalHead.scores` returns them. The target ``D = -k`` is
+:meth:`~lengthgen_utils.core.models.RetrievalHead.scores` returns them. The target ``D = -k`` is
 column ``n-1-k``, and the row at a shorter length ``L`` is the last ``L`` columns.
-:mod:`~lengthgen_utils.theory` takes kernels in the same layout.
+:mod:`~lengthgen_utils.analysis.theory` takes kernels in the same layout.
 
 Sources: Su et al. 2021 (RoFormer: RoPE scores depend on the offset alone); the paper's
 "low-rank carrier aligned with the offset" (arXiv 2607.18759, abstract), in the book's
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_nonempty, check_positive_float, per_model_ints
-from .seeding import generator
-from .positional import (RoPE, check_relative_positions, rope_kernel_coefficients,
-                         rope_kernel_features)
+from .._validate import check_int, check_nonempty, check_positive_float, per_model_ints
+from ..core.encodings import RoPE
+from ..core.rope import check_relative_positions, rope_kernel_coefficients, rope_kernel_features
+from ..run.seeding import generator
 from .theory import distractor_ratio, mean_field_parameters, orbit_log_stats, pair_recurrences, r_squared
 
 
@@ -96,7 +96,7 @@ def carrier_spectrum(model) -> CarrierSpectrum:
     ``b_i = r_i sin phi_i = q^(i).J k^(i)/sqrt(d)``.
 
     Args:
-        model: a RoPE :class:`~lengthgen_utils.models.RetrievalHead` ensemble (M models).
+        model: a RoPE :class:`~lengthgen_utils.core.models.RetrievalHead` ensemble (M models).
 
     Returns:
         :class:`CarrierSpectrum`.
@@ -123,7 +123,7 @@ def carrier_spectrum(model) -> CarrierSpectrum:
 def factorized_kernel(model) -> Tensor:
     """Kernel coefficients ``c [M, d_head]`` (float64) of a position-only RoPE head: ``s(D) = Phi(D) . c``.
 
-    In the order of :func:`~lengthgen_utils.positional.rope_kernel_features` (the ``1/sqrt(d_head)``
+    In the order of :func:`~lengthgen_utils.core.rope.rope_kernel_features` (the ``1/sqrt(d_head)``
     score scale included), so chapter 6 can compare a trained factorised head with the closed forms.
     """
     encoding = _rope_head(model)
@@ -411,7 +411,7 @@ def predicted_alias_distance(model, offset, train_len: int, max_distance: int, n
     1. The head's dominant pairs are its ``n_pairs`` pairs of largest variation over the training
        window (:func:`variation_weights`): the pairs that do the selecting.
     2. The candidate lags are the near-recurrences of those pairs,
-       :func:`~lengthgen_utils.theory.pair_recurrences` (every dominant pair within
+       :func:`~lengthgen_utils.analysis.theory.pair_recurrences` (every dominant pair within
        ``phase_tolerance`` of a whole turn): they depend on ``d_head``, the base and which pairs
        dominate, nothing else.
     3. The predicted first alias is the first candidate distance ``d = k + Delta >= train_len`` at which
@@ -501,13 +501,13 @@ def dilution_law_fit(model, offset, train_len: int, max_len: int) -> dict:
     """How well the long-run dilution law describes each head's exact ``1/p(L) - 1`` up to ``max_len``.
 
     The law anchored at the training length, with the orbit slope of
-    :func:`~lengthgen_utils.theory.long_run_slope` and no fitted parameter:
+    :func:`~lengthgen_utils.analysis.theory.long_run_slope` and no fitted parameter:
     ``1/p(L) - 1 = ratio(train_len) + slope (L - train_len)``.
 
     Returns:
         ``{"margin", "kappa", "slope", "r2"}``, each float64 ``[M]``: the window margin (nats; see
-        :func:`~lengthgen_utils.theory.mean_field_parameters`), the orbit peakiness
-        (:func:`~lengthgen_utils.theory.orbit_peakiness`), the slope, and the law's R^2 against the exact
+        :func:`~lengthgen_utils.analysis.theory.mean_field_parameters`), the orbit peakiness
+        (:func:`~lengthgen_utils.analysis.theory.orbit_peakiness`), the slope, and the law's R^2 against the exact
         ratio at every length ``train_len .. max_len``; plus ``"ratio"`` ``[M, max_len - train_len + 1]``
         (exact) and ``"law"`` (predicted) on those lengths.
 
@@ -632,7 +632,7 @@ def fit_carrier(profile: Tensor, window, theta, rcond: float = 1e-3) -> CarrierF
 
     Args:
         profile: float ``[N, W]``: column ``w`` holds the profile at ``window[w]`` (e.g. a head's mean
-            attention logit at each offset, from :func:`~lengthgen_utils.probes.head_offset_profiles`).
+            attention logit at each offset, from :func:`~lengthgen_utils.analysis.probes.head_offset_profiles`).
         window: the ``W`` integer relative positions ``D`` of the columns (distinct).
         theta: ``[P]`` frequencies in rad/token (e.g. ``RoPE().frequencies(d_head, L)``).
         rcond: singular values of ``Phi_W`` below ``rcond * sigma_max`` are dropped. With RoPE's

@@ -1,4 +1,4 @@
-"""Benchmark: ``python -m lengthgen_utils.bench``.
+"""Benchmark: ``python -m lengthgen_utils.tools.bench``.
 
 Prints, from one run on one machine:
 
@@ -50,14 +50,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_device
-from .configs import RetrievalSweep
-from .profiles import get_profile
-from .runners import run_sweep
-from .models import RetrievalHead, Transformer
-from .positional import rope_inverse_frequencies
-from .tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
-from .training import cpu_threads, train, train_sequence
+from .._validate import check_device
+from ..core.models import RetrievalHead, Transformer
+from ..core.rope import rope_inverse_frequencies
+from ..core.tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
+from ..run.configs import RetrievalSweep
+from ..run.profiles import get_profile
+from ..run.runners import run_sweep
+from ..run.training import cpu_threads, train, train_sequence
 
 TASK = FixedOffsetRetrieval(16, 3)
 
@@ -414,14 +414,14 @@ def _sweep_child(profile_name: str, device: str) -> None:
 
 def sweep_measurement(profile_name: str, device: torch.device) -> dict:
     """Wall time and peak memory of a fresh process running one profile's sweep (no cache)."""
-    cmd = [sys.executable, "-m", "lengthgen_utils.bench", "--sweep-child", profile_name, "--device", str(device)]
+    cmd = [sys.executable, "-m", "lengthgen_utils.tools.bench", "--sweep-child", profile_name, "--device", str(device)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     line = next(l for l in done.stdout.splitlines() if l.startswith("SWEEP-JSON "))
     return json.loads(line[len("SWEEP-JSON "):])
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils.tools.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 128], help="ensemble sizes")
     parser.add_argument("--steps", type=int, default=40, help="training steps per timing")
     parser.add_argument("--reps", type=int, default=3, help="alternating rounds per size (median)")

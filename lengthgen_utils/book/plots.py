@@ -10,7 +10,7 @@ inside the plot, where it would cover a curve or a point sooner or later. The bo
 checks that no annotation's text overlaps a drawn line, marker or bar.
 
 **One colour per encoding and model, set once.** An encoding's colour is its ``color``
-(:mod:`~lengthgen_utils.positional`); the models that are not an encoding alone (a normaliser, a
+(:mod:`~lengthgen_utils.core.encodings`); the models that are not an encoding alone (a normaliser, a
 closed form, a recurrent model) take theirs from :data:`MODEL_COLORS`. Red is APE's and nothing
 else's; the palette for seeds and unnamed curves (:data:`PALETTE`) has no red.
 
@@ -41,8 +41,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
-from ._validate import check_int, per_model, per_model_rows
-from .positional import ENCODINGS, Encoding, LearnedAPE, RoPE, RotaryFrequencies, get_encoding
+from .._validate import check_int, per_model, per_model_rows
+from ..core.encodings import ENCODINGS, Encoding, LearnedAPE, RoPE, RotaryFrequencies, get_encoding
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#393b79", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -622,8 +622,8 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
 
     One line per seed: ``s(-d) - s(-k)`` (nats) against the distance ``d = 1 .. n`` on a log axis; a key
     above the dotted line ``-tolerance`` gets at least ``exp(-tolerance)`` of the target's weight (an
-    alias, :func:`~lengthgen_utils.kernel.first_alias_distance`). The candidate distances where the
-    seeds' dominant pairs recur (:func:`~lengthgen_utils.kernel.predicted_alias_distance`) are a rug of
+    alias, :func:`~lengthgen_utils.analysis.kernel.first_alias_distance`). The candidate distances where the
+    seeds' dominant pairs recur (:func:`~lengthgen_utils.analysis.kernel.predicted_alias_distance`) are a rug of
     ticks at the bottom; each seed's predicted first alias is a ring on its line (on the top edge when
     higher), and its first failing length ``L`` (the first evaluated length with accuracy below 0.95) a cross at the top, at
     ``d = L - 1``, the farthest key a sequence of that length holds. The live panel of chapter 4 draws
@@ -1266,7 +1266,7 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
 
     Args:
         counts: ``[n_seeds, P]`` counts per position (e.g. from
-            :func:`lengthgen_utils.probes.attention_argmax_histogram`).
+            :func:`lengthgen_utils.analysis.probes.attention_argmax_histogram`).
         train_len: longest training length; the training range is shaded.
         marker_position: a position to mark with a dashed line (e.g. ``L_train - 1 - k``), or None.
         title: figure title.
@@ -1997,7 +1997,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
 
     Args:
         curves: ``{encoding (or name): margins [n_seeds, L]}``, column ``j`` at offset ``D = j - (L-1)``
-            (e.g. :func:`lengthgen_utils.zoo.offset_margins`); drawn as the mean with a min..max band.
+            (e.g. :func:`lengthgen_utils.run.zoo.offset_margins`); drawn as the mean with a min..max band.
         train_len: the offsets the training sequences contained, ``-(train_len-1) .. 0``, are shaded.
         offset: the target offset k (its margin is 0 by construction; a dotted line).
         title: figure title.

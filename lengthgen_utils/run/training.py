@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._validate import check_device, check_fits, check_int, check_nonempty, check_positive_float, per_model_ints
+from .._validate import check_device, check_fits, check_int, check_nonempty, check_positive_float, per_model_ints
+from ..core.models import KernelHead, Transformer
+from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from .seeding import generator
-from .models import KernelHead, Transformer
-from .tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 
 
 def default_device() -> torch.device:
@@ -59,20 +59,20 @@ CPU_THREADS = {"single-head": 1, "transformer": 2}
 """Intra-op CPU threads of each model's training and evaluation, the one place the rule lives.
 
 The right count depends on how much work one operation holds, measured side by side by
-``python -m lengthgen_utils.bench`` on 2 CPU cores:
+``python -m lengthgen_utils.tools.bench`` on 2 CPU cores:
 
-* ``"single-head"`` (:class:`~lengthgen_utils.models.RetrievalHead`, :class:`~lengthgen_utils.models.KernelHead`):
+* ``"single-head"`` (:class:`~lengthgen_utils.core.models.RetrievalHead`, :class:`~lengthgen_utils.core.models.KernelHead`):
   **1 thread**. A step is a few dozen operations on tensors of ~10^5 elements, less than the
   cost of waking and joining a second thread; two threads were slower at every ensemble size
   (and 10 to 100 times slower on a machine busy with other processes).
-* ``"transformer"`` (:class:`~lengthgen_utils.models.Transformer`): **2 threads**. A step of the
+* ``"transformer"`` (:class:`~lengthgen_utils.core.models.Transformer`): **2 threads**. A step of the
   book's transformer multiplies matrices of ~10^6 elements per model (1024 tokens x d_model 64,
   four projections per block); two threads train it about 1.6-1.8x faster than one at 3 or more models
   on an otherwise idle machine.
 
 The count is capped at ``os.cpu_count()``. ``$LENGTHGEN_THREADS`` overrides it for every path.
 The thread count changes float rounding (a reduction split in two sums in another order: about
-1e-7 in a step's loss), so results are cached per thread count (:mod:`~lengthgen_utils.cache`).
+1e-7 in a step's loss), so results are cached per thread count (:mod:`~lengthgen_utils.run.cache`).
 """
 
 
@@ -164,7 +164,7 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     device.
 
     Args:
-        model: a :class:`~lengthgen_utils.models.RetrievalHead` (any ``n_models``).
+        model: a :class:`~lengthgen_utils.core.models.RetrievalHead` (any ``n_models``).
         task: a task with ``sample``/``targets``, or a sequence of one task per model
             (e.g. different offsets), all with the same ``vocab_size``.
         steps: optimiser steps, >= 1.
@@ -300,11 +300,11 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
     with ``seed=seed[i]``, so an ensemble of data seeds trains in one batched
     step. The sequences of one step then differ in length; each is left-padded
     to the longest with the query token, whose value is zero in a
-    :class:`~lengthgen_utils.models.KernelHead`, so padding changes no output
+    :class:`~lengthgen_utils.core.models.KernelHead`, so padding changes no output
     and no gradient (the offsets ``D = j - (L-1)`` of the real tokens stay the same).
 
     Args:
-        model: e.g. :class:`~lengthgen_utils.models.KernelHead`; its outputs ``[M, B, V]`` are compared
+        model: e.g. :class:`~lengthgen_utils.core.models.KernelHead`; its outputs ``[M, B, V]`` are compared
             with one-hot targets. Per-model seeds need a ``KernelHead``.
         task, steps, batch_size, train_len, device: as in :func:`train`.
         seed: one int (every model sees the same stream), or one int per model.
@@ -392,7 +392,7 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
                    weight_decay: float = 0.05, train_len: int = 32, seed: int = 0, device=None,
                    progress: bool | None = None, num_threads: int | None = None) -> Tensor:
-    """Train a :class:`~lengthgen_utils.models.Transformer` ensemble on a full-sequence task with AdamW.
+    """Train a :class:`~lengthgen_utils.core.models.Transformer` ensemble on a full-sequence task with AdamW.
 
     Every batch has length ``train_len`` and is placed at the positions the model's encoding draws
     (``train_positions``: ``0 .. train_len-1`` unless the encoding randomises them, as in

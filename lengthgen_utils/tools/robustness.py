@@ -7,7 +7,7 @@ own results cache and its own claims records, and prints
 1. a chapter x condition table: ``pass``, ``FAIL n`` (n checks failed) or ``error`` (the notebook
    stopped before its checks cell finished);
 2. for every asserted quantity: its threshold, its range over the conditions and its smallest
-   margin (how far from failing; :mod:`~lengthgen_utils.checks`), and in how many conditions it failed;
+   margin (how far from failing; :mod:`~lengthgen_utils.book.checks`), and in how many conditions it failed;
 3. each chapter's smallest margin, relative to its threshold.
 
 The conditions (``--conditions`` picks some by name):
@@ -39,12 +39,12 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from ..book.scoreboard import CLAIMS_ENV, RUN_ENV
+from ..run.cache import CACHE_ENV, REPO_ROOT
+from ..run.profiles import PROFILE_ENV, PROFILES, get_profile
+from ..run.seeding import SEED_ENV
+from ..run.training import THREADS_ENV
 from .buildtime import execute, toc_notebooks
-from .cache import CACHE_ENV, REPO_ROOT
-from .profiles import PROFILE_ENV, PROFILES, get_profile
-from .scoreboard import CLAIMS_ENV, RUN_ENV
-from .seeding import SEED_ENV
-from .training import THREADS_ENV
 
 CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
 CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")  # x86 capabilities torch dispatches to, lowest first

@@ -2,7 +2,7 @@
 
 Each probe asks the model for its queries, keys and scores through its public methods, so the
 same probe runs on every registered position encoding. Relative positions follow the layout of
-:mod:`~lengthgen_utils.kernel`: ``D = key position - query position``, distance ``d = -D``; a
+:mod:`~lengthgen_utils.analysis.kernel`: ``D = key position - query position``, distance ``d = -D``; a
 global shift of every position is ``position_shift``.
 """
 from __future__ import annotations
@@ -13,13 +13,14 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from ._validate import check_int, check_int_sequence, check_nonempty, per_model_ints
-from .seeding import generator
-from .attention import attention_scores, row_weights
+from .._validate import check_int, check_int_sequence, check_nonempty, per_model_ints
+from ..core.attention import attention_scores, row_weights
+from ..core.encodings import RoPE
+from ..core.rope import rope_angles
+from ..core.tasks import as_task_list, query_targets, shared_task
+from ..run.seeding import generator
+from ..run.training import ensemble_cross_entropy, model_threads
 from .kernel import CarrierFit, fit_carrier
-from .positional import RoPE, rope_angles
-from .tasks import as_task_list, query_targets, shared_task
-from .training import ensemble_cross_entropy, model_threads
 
 
 # ---------------------------------------------------------------- equivariance (chapter 2)
@@ -28,7 +29,7 @@ def rope_angle_error(positions: Tensor, d_head: int, base: float = 10000.0,
     """How far a RoPE angle formed in ``dtype`` is from the exact angle, wrapped to ``[0, pi]``.
 
     Args:
-        positions, d_head, base, dtype: as in :func:`~lengthgen_utils.positional.rope_angles`.
+        positions, d_head, base, dtype: as in :func:`~lengthgen_utils.core.rope.rope_angles`.
 
     Returns:
         float64 tensor ``[..., d_head // 2]``: ``|wrap(angle_dtype - angle_exact)|`` in radians,
@@ -51,11 +52,11 @@ def position_logits(model, seq_len: int, position_shift: int = 0, angle_dtype: s
     along its diagonals.
 
     Args:
-        model: a :class:`~lengthgen_utils.models.RetrievalHead` ensemble (M models).
+        model: a :class:`~lengthgen_utils.core.models.RetrievalHead` ensemble (M models).
         seq_len: L >= 1.
         position_shift: added to every position (``0..L-1`` becomes ``shift..shift+L-1``).
         angle_dtype: for RoPE heads, the dtype the angles are formed in (``"float64"`` = exact;
-            see :class:`~lengthgen_utils.positional.RoPE`).
+            see :class:`~lengthgen_utils.core.encodings.RoPE`).
 
     Returns:
         tensor ``[M, L, L]`` (query position, key position), on the model's device.
@@ -82,7 +83,7 @@ def position_attention(model, seq_len: int) -> Tensor:
 
     Args:
         model: a ``RetrievalHead`` ensemble (its own normaliser, any of
-            :data:`~lengthgen_utils.attention.ROW_WEIGHTS`, applied to each query's causal row).
+            :data:`~lengthgen_utils.core.attention.ROW_WEIGHTS`, applied to each query's causal row).
         seq_len: L >= 1.
 
     Returns:
@@ -219,7 +220,7 @@ def attention_at(model, positions, lengths) -> Tensor:
     """The query's attention weight on one absolute key position per model, at each length.
 
     Args:
-        model: a :class:`~lengthgen_utils.models.RetrievalHead` ensemble (M models).
+        model: a :class:`~lengthgen_utils.core.models.RetrievalHead` ensemble (M models).
         positions: one key position per model (an int or M ints), each ``< min(lengths)``.
         lengths: sequence lengths.
 
@@ -270,7 +271,7 @@ def position_table_gradient(model, task, seq_lens, batch_size: int = 256, seed: 
 
     Args:
         model: a ``RetrievalHead`` ensemble with a learned table (M models, ``max_len`` rows).
-        task: the task (e.g. :class:`~lengthgen_utils.tasks.FixedOffsetRetrieval`), or one per model.
+        task: the task (e.g. :class:`~lengthgen_utils.core.tasks.FixedOffsetRetrieval`), or one per model.
         seq_lens: the lengths to draw batches at (e.g. every training length).
         batch_size: sequences per batch.
         seed: seeds the batches.
@@ -462,20 +463,20 @@ def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 
     ``2 train_len``, averaged over the last ``train_len`` queries and over content) is fitted with
     ``sum_i r_i cos(theta_i D - phi_i)``, ``D = -d`` for ``d = 1 .. train_len - 1`` (the query's own
     key, whose token is the query's, is left out), by
-    :func:`~lengthgen_utils.kernel.fit_carrier` with the encoding's frequencies. Under RoPE the mean
+    :func:`~lengthgen_utils.analysis.kernel.fit_carrier` with the encoding's frequencies. Under RoPE the mean
     logit of a layer-1 head is exactly of this form (its query and key see independent tokens at
     ``d >= 1``); deeper heads need not be, and the fit's ``r2`` says how close they come.
 
     Args:
-        model: a RoPE :class:`~lengthgen_utils.models.Transformer` ensemble (M models).
+        model: a RoPE :class:`~lengthgen_utils.core.models.Transformer` ensemble (M models).
         task: the task whose sequences are fed.
         train_len: the training length (the window).
         n_samples, seed: probe sequences.
-        rcond: passed to :func:`~lengthgen_utils.kernel.fit_carrier`; combinations of frequency pairs
+        rcond: passed to :func:`~lengthgen_utils.analysis.kernel.fit_carrier`; combinations of frequency pairs
             that barely turn over the window (singular values below ``rcond`` of the largest) are left out.
 
     Returns:
-        ``(fit, logit, weight)``: the :class:`~lengthgen_utils.kernel.CarrierFit` of
+        ``(fit, logit, weight)``: the :class:`~lengthgen_utils.analysis.kernel.CarrierFit` of
         ``N = M * n_layers * n_heads`` profiles in the order ``(model, layer, head)``, and the mean
         logit and weight ``[M, n_layers, n_heads, train_len + 1]`` by distance ``d = 0 .. train_len``.
 

@@ -1,0 +1,1 @@
+"""Tools beside the book: the command line, the benchmark, the build timer and the robustness run."""
