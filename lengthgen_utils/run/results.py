@@ -180,12 +180,21 @@ class Runs:
         Raises:
             ValueError: no member matches (the message lists the values each label takes).
         """
+        return self.select(self.rows(**criteria))
+
+    def rows(self, **criteria) -> list[int]:
+        """The indices of the members :meth:`where` keeps: the rows of a tensor computed over every member (e.g.
+        ``kernel.offset_kernel(runs.model, n)[runs.rows(offset=3)]``).
+
+        Raises:
+            ValueError: no member matches.
+        """
         keep = [i for i, m in enumerate(self.members)
                 if all(k in m and _matches(m[k], v) for k, v in criteria.items())]
         if not keep:
             seen = {k: sorted({str(m.get(k)) for m in self.members}) for k in criteria}
             raise ValueError(f"no member matches {criteria}; the labels take the values {seen}")
-        return self.select(keep)
+        return keep
 
     def select(self, indices) -> "Runs":
         """The members at ``indices`` (a list of member indices, in the order given)."""
@@ -206,6 +215,20 @@ class Runs:
         """The members grouped by label ``name``: ``{value: Runs}`` in the order the values first occur."""
         values = list(dict.fromkeys(self.label(name)))
         return {v: self.select([i for i, m in enumerate(self.members) if m[name] == v]) for v in values}
+
+    def grouped_accuracy(self, name: str) -> Tensor:
+        """The accuracy with the members grouped by label ``name``: ``[n_values, members per value, n_lengths]``
+        (e.g. ``grouped_accuracy("offset")`` of a sweep is ``[offsets, seeds, lengths]``), values in the order
+        they first occur.
+
+        Raises:
+            ValueError: the groups differ in size.
+        """
+        groups = [r.accuracy for r in self.by(name).values()]
+        if len({g.shape[0] for g in groups}) != 1:
+            raise ValueError(f"the groups of {name!r} differ in size ({[g.shape[0] for g in groups]}); "
+                             "select members first")
+        return torch.stack(groups)
 
     # ------------------------------------------------------------------ the models
     @property

@@ -175,19 +175,31 @@ def run_offset_sweep(exp: RetrievalExperiment, offsets=(1, 2, 3, 5), device=None
 
 
 # ---------------------------------------------------------------- untrained heads (the nulls of chapter 4)
-def untrained_heads(exp: RetrievalExperiment, n_heads: int, first_seed: int = 1_000_000) -> RetrievalHead:
+def untrained_heads(exp, n_heads: int, first_seed: int = 1_000_000) -> RetrievalHead:
     """``n_heads`` untrained heads of ``exp``'s architecture, initialised exactly as training starts them.
 
     Seeds ``first_seed .. first_seed + n_heads - 1``, disjoint from the seeds ``0 .. n_seeds-1`` that the
     book trains, so no null head is the initial state of a trained one. The null of chapter 4: what
     the package's initialisation already gives, before any training.
 
+    Args:
+        exp: a :class:`~lengthgen_utils.run.configs.RetrievalExperiment`, or a sweep of one encoding and one
+            attention normaliser (e.g. the ``config`` of :func:`run_offset_sweep`'s result).
+
     Raises:
-        ValueError / TypeError: ``n_heads < 1`` or ``first_seed`` not an int >= ``exp.n_seeds``.
+        ValueError / TypeError: ``n_heads < 1``, ``first_seed`` not an int >= ``exp.n_seeds``, or a sweep of
+            several encodings or normalisers.
     """
     n_heads = check_int("n_heads", n_heads, minimum=1)
     first_seed = check_int("first_seed", first_seed, minimum=exp.n_seeds)
-    return _retrieval_head(exp, n_heads, range(first_seed, first_seed + n_heads), exp.pe, exp.attention)
+    if isinstance(exp, RetrievalSweep):
+        if len(exp.pes) != 1 or len(exp.attentions) != 1:
+            raise ValueError(f"exp must be an experiment or a sweep of one encoding and one attention; got "
+                             f"pes={exp.pes}, attentions={exp.attentions}")
+        pe, attention = exp.pes[0], exp.attentions[0]
+    else:
+        pe, attention = exp.pe, exp.attention
+    return _retrieval_head(exp, n_heads, range(first_seed, first_seed + n_heads), pe, attention)
 
 
 # ---------------------------------------------------------------- one training, several snapshots (chapter 5)
