@@ -53,17 +53,17 @@ def matched_filter(offset, d_model=32, d_head=16):
 
 def test_matched_filter_alignment_is_one_and_peaks_at_minus_k():
     model = matched_filter(3)
-    assert analysis.carrier_alignment(model, 3).item() == pytest.approx(1.0, abs=1e-6)
-    assert analysis.carrier_alignment(model, 3, train_len=16).item() == pytest.approx(1.0, abs=1e-6)
+    assert analysis.alignment(model, 3).item() == pytest.approx(1.0, abs=1e-6)
+    assert analysis.alignment(model, 3, window=16).item() == pytest.approx(1.0, abs=1e-6)
     assert analysis.peak_distance(analysis.offset_kernel(model, 16)).item() == 3
     # peak value = sum r_i = 8 pairs * 1 / sqrt(16)
     assert analysis.kernel_at(model, [-3]).item() == pytest.approx(2.0, abs=1e-6)
     # one offset off: raw alignment is the mean of cos(theta_i) (0.936: the slow pairs barely notice),
     # the variation-weighted one is lower because it discounts those slow pairs
-    raw = analysis.carrier_alignment(model, 4).item()
+    raw = analysis.alignment(model, 4).item()
     assert raw == pytest.approx(rope_inverse_frequencies(16).cos().mean().item(), abs=1e-6)
     assert raw == pytest.approx(0.9356, abs=1e-4)
-    assert analysis.carrier_alignment(model, 4, train_len=16).item() < raw - 0.1
+    assert analysis.alignment(model, 4, window=16).item() < raw - 0.1
 
 
 def test_participation_ratio_values_and_errors():
@@ -77,13 +77,13 @@ def test_participation_ratio_values_and_errors():
 
 def test_kernel_reconstruction_limits():
     model = RetrievalHead(n_models=2)
-    full = analysis.kernel_reconstruction(model, 16, 8)
+    full = analysis.reconstruction(model, 16, 8)
     torch.testing.assert_close(full, torch.ones(2, dtype=torch.float64))
-    assert (analysis.kernel_reconstruction(model, 16, 0).abs() < 1e-12).all()
-    r1, r2 = analysis.kernel_reconstruction(model, 16, 1), analysis.kernel_reconstruction(model, 16, 2)
+    assert (analysis.reconstruction(model, 16, 0).abs() < 1e-12).all()
+    r1, r2 = analysis.reconstruction(model, 16, 1), analysis.reconstruction(model, 16, 2)
     assert (r2 >= r1 - 1e-9).all()
     with pytest.raises(ValueError, match="rank must be in"):
-        analysis.kernel_reconstruction(model, 16, 9)
+        analysis.reconstruction(model, 16, 9)
 
 
 def test_qk_effective_rank_range():
@@ -93,7 +93,7 @@ def test_qk_effective_rank_range():
 
 def test_first_alias_offset_definition():
     model = RetrievalHead(n_models=4, pe=RoPE(base=100.0))
-    found = analysis.first_alias_distance(model, 3, 16, 2000, tolerance=1.0)
+    found = analysis.first_alias(model, 3, 16, 2000, tolerance=1.0)
     s = analysis.kernel_at(model, -torch.arange(2001))  # column d holds s(-d)
     for i, d in enumerate(found):
         peak = s[i, 3]
@@ -107,7 +107,7 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="RoPE encoding"):
         analysis.kernel_at(RetrievalHead(pe="ape"), [0])
     with pytest.raises(ValueError, match="offset must be >= 1"):
-        analysis.carrier_alignment(RetrievalHead(), 0)
+        analysis.alignment(RetrievalHead(), 0)
     with pytest.raises(TypeError, match="must hold integers"):
         analysis.kernel_at(RetrievalHead(), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="must lie in"):
@@ -167,26 +167,26 @@ def test_scaled_accuracy_with_unit_scale_matches_accuracy_by_length():
 
 
 def test_slider_figures_have_one_step_per_panel():
-    from lengthgen_utils.book import plots
+    from lengthgen_utils.book import ch04, ch05
     import numpy as np
-    fig = plots.kernel_slider([-2, -1, 0], {1: np.zeros((2, 3)), 2: np.ones((2, 3))}, 16, "t")
+    fig = ch04.kernel_slider([-2, -1, 0], {1: np.zeros((2, 3)), 2: np.ones((2, 3))}, 16, "t")
     steps = fig.layout.sliders[0].steps
     assert [s.label for s in steps] == ["1", "2"]
     assert len(fig.data) == 6 and steps[1].args[0]["visible"] == [False] * 3 + [True] * 3  # 2 seeds + target line
     with pytest.raises(ValueError, match="must be"):
-        plots.kernel_slider([-1, 0], {1: np.zeros((2, 3))}, 16, "t")
+        ch04.kernel_slider([-1, 0], {1: np.zeros((2, 3))}, 16, "t")
     p = np.array([[0.9, 0.5], [0.99, 0.2]])
-    fig = plots.dilution_slider([16, 32], p, ([16, 32], p), ([16, 32], p), ["a", "b"], "t")
+    fig = ch05.dilution_slider([16, 32], p, ([16, 32], p), ([16, 32], p), ["a", "b"], "t")
     steps = fig.layout.sliders[0].steps
     assert len(steps) == 2 and steps[1].args[1]["yaxis.range"][1] > steps[0].args[1]["yaxis.range"][1]
 
 
 def test_alias_vs_failure_draws_censored_heads_apart():
     """A head that never failed, or has no alias, is drawn in its own labelled row/column, never at a number."""
-    from lengthgen_utils.book import plots
+    from lengthgen_utils.book import ch04
 
     alias, fail = [20, 600, None, None], [32, None, 256, None]
-    fig = plots.alias_vs_failure(alias, fail, ["a", "b", "c", "d"], longest_tested=1024, alias_search=4096, title="t")
+    fig = ch04.alias_vs_failure(alias, fail, ["a", "b", "c", "d"], longest_tested=1024, alias_search=4096, title="t")
     by_name = {t.name.split(" (")[0]: t for t in fig.data if t.mode == "markers"}
     assert set(by_name) == {"alias and failure both seen", "no failure up to 1024", "no alias up to 4096", "neither"}
     top_row, right_column = max(fig.layout.yaxis.tickvals), max(fig.layout.xaxis.tickvals)
@@ -195,9 +195,9 @@ def test_alias_vs_failure_draws_censored_heads_apart():
     assert list(by_name["no failure up to 1024"].y) == [top_row] and list(by_name["no failure up to 1024"].x) == [601]
     assert list(by_name["no alias up to 4096"].x) == [right_column] and list(by_name["no alias up to 4096"].y) == [256]
     with pytest.raises(ValueError, match="failure_length must be 1 value, one per model; got 2"):
-        plots.alias_vs_failure([1], [1, 2], ["a"], longest_tested=64, alias_search=256, title="t")
+        ch04.alias_vs_failure([1], [1, 2], ["a"], longest_tested=64, alias_search=256, title="t")
     with pytest.raises(ValueError, match="failure_length"):
-        plots.alias_vs_failure([20], [2048], ["a"], longest_tested=1024, alias_search=4096, title="t")
+        ch04.alias_vs_failure([20], [2048], ["a"], longest_tested=1024, alias_search=4096, title="t")
 
 
 def test_unrotated_query_key_is_the_models_query_and_key_at_position_zero():

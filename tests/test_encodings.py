@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils.book import plots
+from lengthgen_utils.book import figures
 from lengthgen_utils.run.configs import RetrievalExperiment, TransformerExperiment
 from lengthgen_utils.core.models import RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import ENCODINGS, Encoding, encoding_names, get_encoding
@@ -74,7 +74,7 @@ def test_equivariance_probe_is_exact_for_relative_encodings(pe):
 
 @pytest.mark.parametrize("pe", REGISTERED, ids=IDS)
 def test_figures_label_and_colour_every_encoding(pe):
-    fig = plots.accuracy_vs_length({pe: ([16, 32], np.full((5, 2), 0.5)), pe.name: ([16, 32], np.full((5, 2), 0.5))},
+    fig = figures.accuracy_vs_length({pe: ([16, 32], np.full((5, 2), 0.5)), pe.name: ([16, 32], np.full((5, 2), 0.5))},
                                    chance=1 / 16, train_len=16, title="t")
     means = [t for t in fig.data if t.mode == "lines+markers"]
     assert [t.line.color for t in means] == [pe.color, pe.color]

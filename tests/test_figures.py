@@ -1,57 +1,57 @@
-"""The figure template: every figure is laid out for the page column (plots.fit_to_column)."""
+"""The figure template: every figure is laid out for the page column (render.fit_to_column)."""
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from lengthgen_utils.book import plots
+from lengthgen_utils.book import ch03, ch04, ch05, ch09, figures, render, sliders, style
 
 
 def test_titles_wrap_to_a_phone_column_and_the_top_margin_holds_them():
     title = "Fixed-offset retrieval (k = 3): accuracy vs length, 5 seeds (line = mean, band = min..max)"
-    fig = plots.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16, title)
-    out = plots.fit_to_column(fig)
+    fig = figures.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16, title)
+    out = render.fit_to_column(fig)
     lines = out["layout"]["title"]["text"].split("<br>")
-    assert len(lines) == 3 and all(len(line) <= plots.TITLE_CHARS for line in lines)
-    assert out["layout"]["margin"]["t"] == plots.TOOLBAR_PX + 2 * plots.TITLE_LINE_PX + 16
+    assert len(lines) == 3 and all(len(line) <= render.TITLE_CHARS for line in lines)
+    assert out["layout"]["margin"]["t"] == render.TOOLBAR_PX + 2 * render.TITLE_LINE_PX + 16
     assert fig.layout.title.text == title  # the figure itself is not changed
     assert out["layout"]["xaxis"]["automargin"] is True
 
 
 def test_axis_titles_wrap_and_slider_titles_too():
-    frames = {f"k = {k}": plots.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16,
+    frames = {f"k = {k}": figures.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16,
                                                      f"Offset k = {k}: a long title that has to wrap on a phone")
               for k in (1, 2)}
-    out = plots.fit_to_column(plots.slider_figure(frames, "offset "))
+    out = render.fit_to_column(sliders.slider_figure(frames, "offset "))
     (slider,) = out["layout"]["sliders"]
     assert slider["y"] == 1.0 and slider["yanchor"] == "bottom"  # between the title and the plot
     for step in slider["steps"]:
-        assert all(len(line) <= plots.TITLE_CHARS for line in step["args"][1]["title.text"].split("<br>"))
-    assert out["layout"]["margin"]["t"] >= plots.TOOLBAR_PX + plots.TITLE_LINE_PX + plots.SLIDER_PX
-    y_title = plots.fit_to_column(go.Figure(layout=dict(yaxis_title="a" * 20 + " " + "b" * 20)))
+        assert all(len(line) <= render.TITLE_CHARS for line in step["args"][1]["title.text"].split("<br>"))
+    assert out["layout"]["margin"]["t"] >= render.TOOLBAR_PX + render.TITLE_LINE_PX + render.SLIDER_PX
+    y_title = render.fit_to_column(go.Figure(layout=dict(yaxis_title="a" * 20 + " " + "b" * 20)))
     assert y_title["layout"]["yaxis"]["title"]["text"] == "a" * 20 + "<br>" + "b" * 20
 
 
 def test_wrap_text_keeps_existing_breaks_and_long_words():
-    assert plots.wrap_text("one two<br>three four", 7) == "one two<br>three<br>four"
-    assert plots.wrap_text("x" * 50, 10) == "x" * 50
-    assert plots.wrap_text(None, 10) is None
+    assert render.wrap_text("one two<br>three four", 7) == "one two<br>three<br>four"
+    assert render.wrap_text("x" * 50, 10) == "x" * 50
+    assert render.wrap_text(None, 10) is None
 
 
 def test_a_long_legend_makes_the_figure_taller_not_the_plot_smaller():
     curves = {f"curve {i}": ([16, 32], np.full((5, 2), 0.5)) for i in range(5)}
-    fig = plots.accuracy_vs_length(curves, 1 / 16, 16, "t")
-    out = plots.fit_to_column(fig)
+    fig = figures.accuracy_vs_length(curves, 1 / 16, 16, "t")
+    out = render.fit_to_column(fig)
     # seven legend entries (five curves, the chance line, the training length); title "t": one line
-    assert out["layout"]["height"] == plots.FIGURE_HEIGHT + 6 * plots.LEGEND_LINE_PX
+    assert out["layout"]["height"] == render.FIGURE_HEIGHT + 6 * render.LEGEND_LINE_PX
 
 
 def _panel(k, t):
-    return plots.accuracy_vs_length({"rope": ([t, 2 * t], np.full((5, 2), k / 10))}, 1 / 16, t, f"k = {k}, L_train {t}")
+    return figures.accuracy_vs_length({"rope": ([t, 2 * t], np.full((5, 2), k / 10))}, 1 / 16, t, f"k = {k}, L_train {t}")
 
 
 def test_grid_slider_figure_stores_every_panel_and_shows_the_active_one():
     panels = {(str(k), str(t)): _panel(k, t) for k in (1, 3) for t in (8, 16, 32)}
-    fig = plots.grid_slider_figure(panels, ("offset k = ", "training length = "), active=(1, 2))
+    fig = sliders.grid_slider_figure(panels, ("offset k = ", "training length = "), active=(1, 2))
     grid = fig.layout.meta["grid"]
     assert grid["shape"] == [2, 3] and len(grid["visible"]) == 6 and len(grid["relayout"]) == 6
     shown = [t for t in fig.data if t.visible is True and t.name]
@@ -59,44 +59,44 @@ def test_grid_slider_figure_stores_every_panel_and_shows_the_active_one():
     assert fig.layout.title.text == "k = 3, L_train 32"
     assert grid["relayout"][0]["title.text"] == "k = 1, L_train 8"
     assert [len(s.steps) for s in fig.layout.sliders] == [2, 3] and fig.layout.sliders[1].active == 2
-    bundle = plots._bundle(fig.to_plotly_json())
+    bundle = render.bundle(fig.to_plotly_json())
     assert "plotly_sliderchange" in bundle["text/html"]  # the page script that combines the two sliders
     # it reads the sliders' positions from the user layout: after a resize plotly may move a stale
     # full-layout copy (the browser test moves each slider after a resize)
     assert "gd.layout.sliders[0].active" in bundle["text/html"] and "_fullLayout.sliders" not in bundle["text/html"]
-    assert "plotly_sliderchange" not in plots._bundle(_panel(1, 8).to_plotly_json())["text/html"]
+    assert "plotly_sliderchange" not in render.bundle(_panel(1, 8).to_plotly_json())["text/html"]
 
 
 def test_grid_slider_figure_refuses_a_hole_in_the_grid():
     import pytest
 
     with pytest.raises(ValueError, match="missing"):
-        plots.grid_slider_figure({("1", "8"): _panel(1, 8), ("3", "16"): _panel(3, 16)}, ("a", "b"))
+        sliders.grid_slider_figure({("1", "8"): _panel(1, 8), ("3", "16"): _panel(3, 16)}, ("a", "b"))
     with pytest.raises(TypeError, match="pairs"):
-        plots.grid_slider_figure({"1": _panel(1, 8)}, ("a", "b"))
+        sliders.grid_slider_figure({"1": _panel(1, 8)}, ("a", "b"))
 
 
 def test_loss_curves_smooth_is_the_running_mean_and_medians_are_on_top():
     rng = np.random.default_rng(0)
     hist = {"rope": np.exp(rng.normal(size=(50, 3))), "ape": np.exp(rng.normal(size=(50, 2)))}
-    fig = plots.loss_curves(hist, "loss", smooth=7)
+    fig = figures.loss_curves(hist, "loss", smooth=7)
     want = [hist["rope"][max(0, t - 6): t + 1, 1].mean() for t in range(50)]
     np.testing.assert_allclose(fig.data[1].y, want, rtol=1e-12)
     # thin lines first (3 + 2), then the two medians, so no model's line hides a median
     assert [t.showlegend for t in fig.data[:5]] == [False] * 5
     assert [t.name.split(" (median")[0] for t in fig.data[5:]] == ["RoPE", "APE (learned)"]
-    np.testing.assert_allclose(plots.loss_curves(hist, "loss").data[0].y, hist["rope"][:, 0])
+    np.testing.assert_allclose(figures.loss_curves(hist, "loss").data[0].y, hist["rope"][:, 0])
 
 
 @pytest.mark.parametrize("smooth", [0, -3, 2.5, True])
 def test_loss_curves_refuses_a_bad_window(smooth):
     with pytest.raises(ValueError, match="smooth"):
-        plots.loss_curves({"rope": np.ones((5, 2))}, "loss", smooth=smooth)
+        figures.loss_curves({"rope": np.ones((5, 2))}, "loss", smooth=smooth)
 
 
 def test_loss_curves_smoothing_averages_an_underflowed_zero_loss():
     hist = np.array([[1.0], [0.0], [0.0], [2.0]])
-    y = plots.loss_curves({"ape": hist}, "loss", smooth=2).data[0].y
+    y = figures.loss_curves({"ape": hist}, "loss", smooth=2).data[0].y
     np.testing.assert_allclose(y, [1.0, 0.5, 0.0, 1.0])
 
 
@@ -117,16 +117,16 @@ def _is_red(hex_color):
 def test_reference_lines_are_named_in_the_legend_not_written_on_the_plot():
     """The chance line and the training length of every accuracy figure are legend entries; the figure writes no
     text inside its plot area (the browser test checks the drawn figures of the book)."""
-    fig = plots.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16, "t")
+    fig = figures.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16, "t")
     assert not fig.layout.annotations
     assert sorted((s.name, s.showlegend) for s in fig.layout.shapes) == [("chance = 0.062", True),
                                                                           ("training length", True)]
-    for fig in (plots.accuracy_by_position({"rope": np.full((5, 40), 0.9)}, 1 / 16, 16, "t"),
-                plots.kernel_panel(np.arange(-20, 1), np.zeros((3, 21)), 3, 16, "t"),
-                plots.attention_row_panel(np.full((3, 32), 1 / 32), 16, 3, "t"),
-                plots.bar_by_setting({"a": [0.1, 0.2], "b": [0.3]}, "t", "y", chance=1 / 16),
-                plots.r2_vs_margin([0.5, 1.0], [0.2, 0.95], ["cliff", "holds"], ["a", "b"], "t"),
-                plots.violations_by_encoding({"rope": (1e-9, 1e-9), "ape": (0.1, 1.0)}, 1e-4, "t")):
+    for fig in (figures.accuracy_by_position({"rope": np.full((5, 40), 0.9)}, 1 / 16, 16, "t"),
+                ch04.kernel_panel(np.arange(-20, 1), np.zeros((3, 21)), 3, 16, "t"),
+                ch03.attention_row_panel(np.full((3, 32), 1 / 32), 16, 3, "t"),
+                figures.bar_by_setting({"a": [0.1, 0.2], "b": [0.3]}, "t", "y", chance=1 / 16),
+                ch05.r2_vs_margin([0.5, 1.0], [0.2, 0.95], ["cliff", "holds"], ["a", "b"], "t"),
+                ch09.violations_by_encoding({"rope": (1e-9, 1e-9), "ape": (0.1, 1.0)}, 1e-4, "t")):
         assert not fig.layout.annotations
         assert fig.layout.shapes and all(s.showlegend and s.name for s in fig.layout.shapes if s.type == "line"
                                          and s.line.dash in ("dot", "dash"))
@@ -134,17 +134,17 @@ def test_reference_lines_are_named_in_the_legend_not_written_on_the_plot():
 
 def test_fit_to_column_counts_legend_entries_of_shapes():
     fig = go.Figure(go.Scatter(x=[0, 1], y=[0, 1], name="a"))
-    base = plots.fit_to_column(fig)["layout"]["height"]
+    base = render.fit_to_column(fig)["layout"]["height"]
     fig.add_hline(y=0.5, name="chance", showlegend=True)
     fig.add_hline(y=0.7)  # not in the legend
-    assert plots.fit_to_column(fig)["layout"]["height"] == base + plots.LEGEND_LINE_PX
+    assert render.fit_to_column(fig)["layout"]["height"] == base + render.LEGEND_LINE_PX
 
 
 def test_a_slider_of_many_steps_numbers_them_and_names_each_in_full():
     """Chapter 9's zoo slider has twelve steps: the rail shows 1..12 and each panel says which encoding it is."""
-    frames = {f"encoding {i}": plots.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16,
+    frames = {f"encoding {i}": figures.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16,
                                                         f"panel {i}") for i in range(12)}
-    fig = plots.slider_figure(frames, "encoding: ", active=6)
+    fig = sliders.slider_figure(frames, "encoding: ", active=6)
     (slider,) = fig.layout.sliders
     assert [s.label for s in slider.steps] == [str(i) for i in range(1, 13)]
     assert slider.currentvalue.visible is False
@@ -152,9 +152,9 @@ def test_a_slider_of_many_steps_numbers_them_and_names_each_in_full():
     assert names == ["encoding: 7 of 12, encoding 6"]
     step = slider.steps[0].args[1]
     assert [a["text"] for a in step["annotations"] if a.get("name") == "slider value"] == ["encoding: 1 of 12, encoding 0"]
-    out = plots.fit_to_column(fig)
+    out = render.fit_to_column(fig)
     assert "color" not in out["layout"]["sliders"][0].get("font", {})  # the numbers are shown
-    few = plots.slider_figure(dict(list(frames.items())[:3]), "encoding: ")
+    few = sliders.slider_figure(dict(list(frames.items())[:3]), "encoding: ")
     assert [s.label for s in few.layout.sliders[0].steps] == ["encoding 0", "encoding 1", "encoding 2"]
 
 
@@ -168,8 +168,8 @@ def test_red_means_ape_alone():
     reds = [label for label, color in encodings.items() if _is_red(color)]
     assert reds == ["APE (learned)"], reds
     assert len(set(encodings.values())) == len(encodings), encodings  # no two encodings share a colour
-    models = plots.MODEL_COLORS
-    assert not any(_is_red(c) for c in models.values()) and not any(_is_red(c) for c in plots.PALETTE)
+    models = style.MODEL_COLORS
+    assert not any(_is_red(c) for c in models.values()) and not any(_is_red(c) for c in style.PALETTE)
     same_model = {("RoPE head, softmax", "RoPE head (softmax)"), ("rotary head, linear", "rotary linear head")}
     owner = {}
     for name, color in models.items():
@@ -181,20 +181,24 @@ def test_red_means_ape_alone():
     import inspect
     import re
 
-    literals = re.findall(r"#[0-9a-fA-F]{6}\b", inspect.getsource(plots))
-    assert not [c for c in literals if _is_red(c)], "a red literal in plots.py: red is LearnedAPE.color's"
+    import importlib
+
+    for name in ("ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch09", "figures", "render", "sliders", "style"):
+        module = importlib.import_module(f"lengthgen_utils.book.{name}")
+        literals = re.findall(r"#[0-9a-fA-F]{6}\b", inspect.getsource(module))
+        assert not [c for c in literals if _is_red(c)], f"a red literal in {module.__name__}: red is LearnedAPE.color's"
 
 
 def test_a_numbered_slider_stays_clear_of_subplot_titles():
     """Chapter 9's zoo panels have subplot titles on the top panels: the slider, its numbers and its current label
     move up by a subplot title's height, so the numbers do not sit on the titles."""
-    frames = {f"enc {i}": plots.encoding_panels({"retrieval": ([1, 2], np.full((3, 2), 0.5), "solid")},
+    frames = {f"enc {i}": ch09.encoding_panels({"retrieval": ([1, 2], np.full((3, 2), 0.5), "solid")},
                                                 np.full((3, 8), 1 / 8), train_len=4, target=5, chance=1 / 16,
                                                 title=f"enc {i}", color="#1f77b4") for i in range(8)}
-    out = plots.fit_to_column(plots.slider_figure(frames, "encoding: "))
+    out = render.fit_to_column(sliders.slider_figure(frames, "encoding: "))
     (slider,) = out["layout"]["sliders"]
-    assert slider["pad"]["b"] == 18 + plots.SUBPLOT_TITLE_PX
+    assert slider["pad"]["b"] == 18 + render.SUBPLOT_TITLE_PX
     shifts = [a["yshift"] for a in out["layout"]["annotations"] if a.get("name") == "slider value"]
     shifts += [a["yshift"] for st in slider["steps"] for a in st["args"][1].get("annotations", [])
                if a.get("name") == "slider value"]
-    assert shifts and set(shifts) == {plots.SLIDER_VALUE_SHIFT + plots.SUBPLOT_TITLE_PX}
+    assert shifts and set(shifts) == {render.SLIDER_VALUE_SHIFT + render.SUBPLOT_TITLE_PX}

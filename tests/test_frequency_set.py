@@ -147,7 +147,7 @@ def test_predicted_alias_equals_the_full_scan_for_a_two_pair_matched_filter():
     model = head_with_spectrum(r, -theta.float() * k)  # pairs 0 and 1 peak together at D = -k
     predicted, dominant = kernel.predicted_alias_distance(model, k, 16, 4000)
     assert sorted(dominant[0].tolist()) == [0, 1]
-    assert predicted == kernel.first_alias_distance(model, k, 16, 4000)
+    assert predicted == kernel.first_alias(model, k, 16, 4000)
     lag = predicted[0] - k
     assert all(abs(math.remainder(float(theta[i]) * lag, 2 * math.pi)) <= math.pi / 3 for i in (0, 1))
 
@@ -170,11 +170,11 @@ def test_predicted_alias_on_random_heads_lies_on_a_recurrence_or_is_none():
 def test_spectrum_measures_agree_with_the_model_functions():
     model = RetrievalHead(n_models=7)
     ks = [1, 2, 3, 5, 1, 2, 3]
-    m = kernel.spectrum_measures(kernel.carrier_spectrum(model), ks, 16)
-    torch.testing.assert_close(m.alignment_raw, kernel.carrier_alignment(model, ks))
-    torch.testing.assert_close(m.alignment_variation, kernel.carrier_alignment(model, ks, 16))
-    torch.testing.assert_close(m.pr_variation, kernel.participation_ratio(kernel.variation_weights(model, 16)))
-    torch.testing.assert_close(m.top2_kept, kernel.kernel_reconstruction(model, 16, 2))
+    m = kernel.measures(kernel.carrier_spectrum(model), ks, 16)
+    torch.testing.assert_close(m.alignment_raw, kernel.alignment(model, ks))
+    torch.testing.assert_close(m.alignment_variation, kernel.alignment(model, ks, window=16))
+    torch.testing.assert_close(m.pr_variation, kernel.participation_ratio(kernel.variation(model, 16)))
+    torch.testing.assert_close(m.top2_kept, kernel.reconstruction(model, 16, 2))
     assert torch.equal(m.peak_distance, kernel.peak_distance(kernel.offset_kernel(model, 16)))
     s = kernel.offset_kernel(model, 16)
     i, k = 0, ks[0]
@@ -301,24 +301,23 @@ def test_mean_distractor_weight_and_law_fit_agree_with_the_exact_ratio():
 
 # ---------------------------------------------------------------- figures
 def test_new_figures_build_label_and_validate():
-    from lengthgen_utils.book import plots
+    from lengthgen_utils.book import ch04, ch05
 
-    fig = plots.measure_vs_nulls({"trained": [0.9, 0.95], "untrained": torch.rand(300)}, "C", title="t")
+    fig = ch04.measure_vs_nulls({"trained": [0.9, 0.95], "untrained": torch.rand(300)}, "C", title="t")
     assert len(fig.data) == 2 and fig.data[1].name.startswith("untrained")
     with pytest.raises(ValueError, match="empty"):
-        plots.measure_vs_nulls({"trained": []}, "C", title="t")
-    fig = plots.censored_scatter([100, None, 50], [128, 256, None], ["a", "b", "c"], x_limit=1000, y_limit=1024,
+        ch04.measure_vs_nulls({"trained": []}, "C", title="t")
+    fig = ch04.censored_scatter([100, None, 50], [128, 256, None], ["a", "b", "c"], x_limit=1000, y_limit=1024,
                                  x_title="x", y_title="y", title="t", groups=["g1", "g1", "g2"])
     xs = [x for trace in fig.data[:2] for x in trace.x]
     assert max(xs) > 1000 and fig.layout.yaxis.ticktext[-1] == "none ≤ 1024"
     with pytest.raises(ValueError, match="x_limit"):
-        plots.censored_scatter([2000], [1], ["a"], 1000, 1024, "x", "y", "t")
-    fig = plots.accuracy_heatmap(torch.rand(3, 4), [16, 32, 64, 128], ["a", "b", "c"], chance=1 / 16, title="t")
+        ch04.censored_scatter([2000], [1], ["a"], 1000, 1024, "x", "y", "t")
+    fig = ch05.accuracy_heatmap(torch.rand(3, 4), [16, 32, 64, 128], ["a", "b", "c"], chance=1 / 16, title="t")
     assert fig.data[0].zmin == pytest.approx(1 / 16)
     with pytest.raises(ValueError, match="accuracy must be"):
-        plots.accuracy_heatmap(torch.rand(2, 4), [16, 32, 64, 128], ["a", "b", "c"], chance=1 / 16, title="t")
-    fig = plots.r2_vs_margin([3.0, 9.0], [0.99, -1e9], ["gradual", "cliff"], ["h1", "h2"], title="t",
+        ch05.accuracy_heatmap(torch.rand(2, 4), [16, 32, 64, 128], ["a", "b", "c"], chance=1 / 16, title="t")
+    fig = ch05.r2_vs_margin([3.0, 9.0], [0.99, -1e9], ["gradual", "cliff"], ["h1", "h2"], title="t",
                              symbol_by=["wd", "book"])
     assert min(y for trace in fig.data for y in trace.y) >= -1.0
-    fig = plots.scaled_vs_plain_mass([16, 32], torch.ones(2, 2), torch.ones(2, 2), title="t")
-    assert fig.layout.yaxis.title.text.startswith("attention mass")
+

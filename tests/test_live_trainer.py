@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from lengthgen_utils.analysis import kernel, theory
-from lengthgen_utils.book import live, plots
+from lengthgen_utils.book import ch04, figures, live, render, sliders
 from lengthgen_utils.run.evaluation import accuracy_by_length
 from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.core.tasks import FixedOffsetRetrieval, query_targets
@@ -246,7 +246,7 @@ def test_a_trained_heads_kernel_and_aliases_are_the_packages(page, trained):
     py_kernel = kernel.offset_kernel(model, n).numpy()
     py_scores = model.scores(n).detach().numpy()
     report = live.kernel_report(model, k, T, far)
-    scanned = kernel.first_alias_distance(model, k, T, far)
+    scanned = kernel.first_alias(model, k, T, far)
     spec = kernel.carrier_spectrum(model)
     for m in range(model.n_models):
         js = page.evaluate("""([params, n, k, T, far]) => { const C = window.LengthgenLive.core;
@@ -278,11 +278,11 @@ def test_the_pages_figures_draw_the_packages_traces(page):
     acc = {"rope": rng.uniform(0.5, 1, (3, 5)), "ape": rng.uniform(0, 0.2, (3, 5))}
     lengths = [24, 48, 96, 192, 384]
     title = live.ACCURACY_TITLE.format(k=5, T=24, n=3)
-    py = plots.fit_to_column(plots.accuracy_vs_length({pe: (lengths, a) for pe, a in acc.items()}, chance=1 / 16,
+    py = render.fit_to_column(figures.accuracy_vs_length({pe: (lengths, a) for pe, a in acc.items()}, chance=1 / 16,
                                                       train_len=24, title=title))
     curves = [{"label": "RoPE", "color": "#1f77b4", "lengths": lengths, "accuracy": acc["rope"].tolist()},
               {"label": "APE (learned)", "color": "#d62728", "lengths": lengths, "accuracy": acc["ape"].tolist()}]
-    layout = plots._plain(py["layout"])
+    layout = sliders.plain(py["layout"])
     js = page.evaluate("""([curves, title, layout, fit]) => window.LengthgenLive.accuracyFigure(
         curves, 1 / 16, "chance = 0.062", 24, title, layout, fit)""", [curves, title, layout, live._fit_constants()])
     _same_figure(py, js)
@@ -290,12 +290,12 @@ def test_the_pages_figures_draw_the_packages_traces(page):
     rel = rng.normal(-6, 4, (3, 300))
     args = dict(aliases=[40, None, 77], failures=[64, None, 128], candidates=[20, 40, 77, 100], pairs=[0, 1],
                 train_len=16, longest_tested=256, title="Kernel of RoPE heads, base 10⁴, d<sub>head</sub> = 16, k = 3")
-    py = plots.fit_to_column(plots.alias_kernel_figure(rel, **args))
+    py = render.fit_to_column(ch04.alias_kernel_figure(rel, **args))
     seeds = [{"rel": r.tolist(), "alias": a, "fail": f} for r, a, f in zip(rel, args["aliases"], args["failures"])]
     js = page.evaluate("""([d, layout, fit]) => window.LengthgenLive.kernelFigure(d, layout, fit)""",
                        [{"maxDistance": 300, "longestTested": 256, "yLow": -12, "yHigh": 8, "seeds": seeds,
                          "candidates": args["candidates"], "pairs": [0, 1], "title": args["title"]},
-                        plots._plain(py["layout"]), live._fit_constants()])
+                        sliders.plain(py["layout"]), live._fit_constants()])
     _same_figure(py, js)
 
 
@@ -305,16 +305,16 @@ def test_the_page_writes_the_base_and_wraps_titles_as_the_package_does(page):
     js = page.evaluate("(bases) => bases.map((b) => window.LengthgenLive.fmt({format: 'base'}, b))", list(live.BASES))
     assert js == [live._base_text(b) for b in live.BASES]
     title = "Kernel of RoPE heads, base 1.8×10⁴, d<sub>head</sub> = 32, k = 3: a title long enough to wrap twice"
-    assert page.evaluate("(t) => window.LengthgenLive.wrapText(t, 42)", title) == plots.wrap_text(title, 42)
+    assert page.evaluate("(t) => window.LengthgenLive.wrapText(t, 42)", title) == render.wrap_text(title, 42)
     for n in (1, 3, 12):  # the seed note of accuracy_vs_length's title
-        py = plots.accuracy_vs_length({"rope": ([16, 32], np.ones((n, 2)))}, 1 / 16, 16,
+        py = figures.accuracy_vs_length({"rope": ([16, 32], np.ones((n, 2)))}, 1 / 16, 16,
                                       live.ACCURACY_TITLE.format(k=3, T=16, n=n).replace("1 seeds", "1 seed"))
         js = page.evaluate("""([n, title, layout, fit]) => window.LengthgenLive.accuracyFigure(
             [{label: "RoPE", color: "#1f77b4", lengths: [16, 32], accuracy: Array(n).fill([1, 1])}], 1 / 16,
             "chance = 0.062", 16, title, layout, fit).layout.title.text""",
                            [n, live.ACCURACY_TITLE.format(k=3, T=16, n=n).replace("1 seeds", "1 seed"), {},
                             live._fit_constants()])
-        assert js == plots.fit_to_column(py)["layout"]["title"]["text"], (n, js)
+        assert js == render.fit_to_column(py)["layout"]["title"]["text"], (n, js)
 
 
 def _array(value) -> np.ndarray:
@@ -325,7 +325,7 @@ def _array(value) -> np.ndarray:
 
 
 def _same_figure(py: dict, js: dict) -> None:
-    py_data = plots._plain(py["data"])
+    py_data = sliders.plain(py["data"])
     assert len(js["data"]) == len(py_data)
     for a, b in zip(py_data, js["data"]):
         for key in ("name", "mode", "legendgroup", "showlegend", "fill", "fillcolor", "hovertemplate"):
@@ -337,9 +337,9 @@ def _same_figure(py: dict, js: dict) -> None:
     lay_py, lay_js = py["layout"], js["layout"]
     assert lay_py["title"]["text"] == lay_js["title"]["text"]
     assert lay_py["height"] == lay_js["height"] and lay_py["margin"]["t"] == lay_js["margin"]["t"]
-    assert plots._plain(lay_py["xaxis"].get("ticktext")) == lay_js["xaxis"].get("ticktext")
+    assert sliders.plain(lay_py["xaxis"].get("ticktext")) == lay_js["xaxis"].get("ticktext")
     np.testing.assert_allclose(_array(lay_py["yaxis"]["range"]), _array(lay_js["yaxis"]["range"]))
-    assert plots._plain(lay_py.get("shapes")) == lay_js.get("shapes")
+    assert sliders.plain(lay_py.get("shapes")) == lay_js.get("shapes")
     assert [a["text"] for a in lay_py.get("annotations", [])] == [a["text"] for a in lay_js.get("annotations", [])]
 
 

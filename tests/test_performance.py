@@ -23,7 +23,7 @@ from lengthgen_utils.tools.cli import format_sweep_table, main
 from lengthgen_utils.run.cache import cache_description, load_or_run
 from lengthgen_utils.run.configs import RetrievalExperiment, RetrievalSweep
 from lengthgen_utils.core.models import RetrievalHead, Transformer
-from lengthgen_utils.core.encodings import LearnedAPE, RoPE, get_encoding
+from lengthgen_utils.core.encodings import LearnedAPE, RoPE
 from lengthgen_utils.core.rope import apply_rope, rope_cos_sin
 from lengthgen_utils.run.profiles import PROFILES, Profile
 from lengthgen_utils.run.runners import run_retrieval, run_sweep

@@ -179,10 +179,10 @@ def test_position_attention_rows_are_causal_softmax_and_last_row_is_the_models()
 
 # --- figures of chapters 2 and 3
 def test_slider_figure_has_one_step_per_length():
-    from lengthgen_utils.book import plots
+    from lengthgen_utils.book import ch03
 
     rows = {L: torch.full((3, L), 1.0 / L) for L in (16, 24, 32)}
-    fig = plots.attention_row_slider(rows, train_len=16, target_offset=3, title="t")
+    fig = ch03.attention_row_slider(rows, train_len=16, target_offset=3, title="t")
     steps = fig.layout.sliders[0].steps
     assert [s.label for s in steps] == ["16", "24", "32"]
     shown = [t for t, v in zip(fig.data, steps[2].args[0]["visible"]) if v]
@@ -190,46 +190,46 @@ def test_slider_figure_has_one_step_per_length():
     shown = [t for t, v in zip(fig.data, steps[1].args[0]["visible"]) if v]
     assert list(shown[3].x) == [20, 20]  # target key L - 1 - k at L = 24
     with pytest.raises(ValueError, match="rows"):
-        plots.attention_row_slider({16: torch.zeros(3, 15)}, 16, 3, "t")
+        ch03.attention_row_slider({16: torch.zeros(3, 15)}, 16, 3, "t")
 
 
 def test_attention_row_slider_opens_at_the_requested_length():
-    from lengthgen_utils.book import plots
+    from lengthgen_utils.book import ch03
 
     rows = {L: torch.full((3, L), 1.0 / L) for L in (16, 24, 32, 40)}
-    fig = plots.attention_row_slider(rows, train_len=16, target_offset=3, title="t", active=32)
+    fig = ch03.attention_row_slider(rows, train_len=16, target_offset=3, title="t", active=32)
     slider = fig.layout.sliders[0]
     assert slider.active == 2 and slider.steps[2].label == "32"
     shown = [t for t in fig.data if t.visible is not False]  # the page opens on L = 32's traces
     assert len(shown) == 4 and len(shown[0].x) == 32 and list(shown[3].x) == [28, 28]
-    assert plots.attention_row_slider(rows, 16, 3, "t").layout.sliders[0].active == 0  # default: shortest
+    assert ch03.attention_row_slider(rows, 16, 3, "t").layout.sliders[0].active == 0  # default: shortest
     for bad in (33, True, "32"):
         with pytest.raises(ValueError, match="active"):
-            plots.attention_row_slider(rows, 16, 3, "t", active=bad)
+            ch03.attention_row_slider(rows, 16, 3, "t", active=bad)
 
 
 def test_per_position_curves_zooms_the_x_axis_but_draws_every_position():
-    from lengthgen_utils.book import plots
+    from lengthgen_utils.book import ch03
 
     values = {"fixed": torch.rand(3, 256)}
-    fig = plots.per_position_curves(values, "t", "y", train_len=16, x_max=47)
+    fig = ch03.per_position_curves(values, "t", "y", train_len=16, x_max=47)
     assert tuple(fig.layout.xaxis.range) == (-0.5, 47.5)
     assert len(fig.data[-1].x) == 256  # zooming out still shows the flat rest
-    assert plots.per_position_curves(values, "t", "y").layout.xaxis.range is None
+    assert ch03.per_position_curves(values, "t", "y").layout.xaxis.range is None
     with pytest.raises(ValueError, match="x_max"):
-        plots.per_position_curves(values, "t", "y", x_max=0)
+        ch03.per_position_curves(values, "t", "y", x_max=0)
     with pytest.raises(TypeError, match="x_max"):
-        plots.per_position_curves(values, "t", "y", x_max=47.0)
+        ch03.per_position_curves(values, "t", "y", x_max=47.0)
 
 
 def test_heatmap_and_histogram_figures_validate_and_label():
-    from lengthgen_utils.book import plots
+    from lengthgen_utils.book import ch03, figures
 
-    fig = plots.position_heatmaps({"a": torch.zeros(8, 8), "b": torch.ones(8, 8)}, "t", "logit", train_len=4)
+    fig = figures.position_heatmaps({"a": torch.zeros(8, 8), "b": torch.ones(8, 8)}, "t", "logit", train_len=4)
     assert len(fig.data) == 2 and fig.layout.xaxis2.title.text.startswith("key position")  # under the last panel
     with pytest.raises(ValueError, match="square"):
-        plots.position_heatmaps({"a": torch.zeros(8, 7)}, "t", "logit")
+        figures.position_heatmaps({"a": torch.zeros(8, 7)}, "t", "logit")
     counts = torch.zeros(2, 64, dtype=torch.long)
     counts[:, 12] = 10
-    fig = plots.argmax_histogram(counts, train_len=16, marker_position=12, title="t")
+    fig = ch03.argmax_histogram(counts, train_len=16, marker_position=12, title="t")
     assert len(fig.data) == 2 and list(fig.data[0].y[:13]) == [0] * 12 + [10]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lengthgen_utils.core import attention, encodings, models, rope, tasks
 from lengthgen_utils.run import configs, evaluation, profiles, training
-from lengthgen_utils.book import plots
+from lengthgen_utils.book import figures, style
 from lengthgen_utils.analysis import theory
 from lengthgen_utils.core.attention import causal_attention, linear_attention, masked_attention
 from lengthgen_utils.core.models import RetrievalHead, Transformer
@@ -352,34 +352,34 @@ def test_accuracy_figures_show_chance_flag_below_chance_and_note_few_seeds():
     good = {"rope": (lengths, np.full((5, 2), 0.9))}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.accuracy_vs_length(good, 1 / 16, 16, "ok")
+        fig = figures.accuracy_vs_length(good, 1 / 16, 16, "ok")
     assert fig.layout.title.text == "ok"
     assert any(s.type == "line" and s.y0 == 1 / 16 for s in fig.layout.shapes)
     assert not any("below chance" in (a.text or "") for a in fig.layout.annotations)
     bad = {"ape": (lengths, np.array([[0.01, 0.9]] * 3))}
     with pytest.warns(UserWarning, match="below chance"):
-        fig = plots.accuracy_vs_length(bad, 1 / 16, 16, "bad")
+        fig = figures.accuracy_vs_length(bad, 1 / 16, 16, "bad")
     assert any("likely a bug" in (a.text or "") for a in fig.layout.annotations)
     assert "3 seeds" in fig.layout.title.text
     with pytest.warns(UserWarning, match="below chance"):
-        fig = plots.accuracy_by_position({"rope": np.array([[np.nan, 0.2, 0.3], [np.nan, 0.3, 0.2]])}, 0.5, 2, "pos")
+        fig = figures.accuracy_by_position({"rope": np.array([[np.nan, 0.2, 0.3], [np.nan, 0.3, 0.2]])}, 0.5, 2, "pos")
     assert "2 seeds" in fig.layout.title.text
     # one noisy position below chance is sampling noise, not a bug: the flag reads the mean over positions
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.accuracy_by_position({"rope": np.array([[np.nan, 0.9, 0.3], [np.nan, 0.9, 0.4]])}, 0.5, 2, "pos")
+        fig = figures.accuracy_by_position({"rope": np.array([[np.nan, 0.9, 0.3], [np.nan, 0.9, 0.4]])}, 0.5, 2, "pos")
     assert not any("below chance" in (a.text or "") for a in fig.layout.annotations)
     assert any(s.type == "line" and s.y0 == 0.5 for s in fig.layout.shapes)
 
 
 def test_profiles_use_at_least_five_seeds_or_the_figures_say_so():
     """Case 10: the retrieval profiles train >= 5 seeds; the transformer profiles train fewer (cost), which
-    :func:`plots.seed_note` writes into every accuracy figure's title."""
+    :func:`style.seed_note` writes into every accuracy figure's title."""
     for name in ("quick", "default", "full"):
         assert profiles.get_profile(name).n_seeds >= 5
-    assert plots.seed_note("t", 3) == "t (3 seeds: fewer than 5)" and plots.seed_note("t", 5) == "t"
-    assert plots.seed_note("copy, 3 seeds (mean)", 3) == "copy, 3 seeds (fewer than 5) (mean)"
-    assert plots.seed_note("copy, 13 seeds", 3) == "copy, 13 seeds (3 seeds: fewer than 5)"
+    assert style.seed_note("t", 3) == "t (3 seeds: fewer than 5)" and style.seed_note("t", 5) == "t"
+    assert style.seed_note("copy, 3 seeds (mean)", 3) == "copy, 3 seeds (fewer than 5) (mean)"
+    assert style.seed_note("copy, 13 seeds", 3) == "copy, 13 seeds (3 seeds: fewer than 5)"
 
 
 # ---------------------------------------------------------------- case 11: determinism

@@ -29,7 +29,7 @@ import lengthgen_utils
 from lengthgen_utils.core import attention, encodings, models, rope, tasks
 from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, training
 from lengthgen_utils.analysis import kernel, probes, theory
-from lengthgen_utils.book import plots
+from lengthgen_utils.book import ch03, ch04, ch05, figures, sliders
 from lengthgen_utils.core.models import KernelHead, RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import LearnedAPE
 from lengthgen_utils.book import widgets as widgets_module
@@ -177,14 +177,14 @@ for _pe in ("rope", "ape", "nope", "alibi"):
 for _name, _fn in [("kernel.unrotated_query_key", kernel.unrotated_query_key),
                    ("kernel.carrier_spectrum", lambda m: dataclasses.astuple(kernel.carrier_spectrum(m))),
                    ("kernel.factorized_kernel", kernel.factorized_kernel),
-                   ("kernel.pair_components", lambda m: kernel.pair_components(m, [-300, -3, 0])),
+                   ("kernel.components", lambda m: kernel.components(m, [-300, -3, 0])),
                    ("kernel.kernel_at", lambda m: kernel.kernel_at(m, [-300, -3, 0])),
                    ("kernel.offset_kernel", lambda m: kernel.offset_kernel(m, 300)),
-                   ("kernel.variation_weights", lambda m: kernel.variation_weights(m, 16)),
-                   ("kernel.carrier_alignment", lambda m: kernel.carrier_alignment(m, [3, 1], 16)),
+                   ("kernel.variation", lambda m: kernel.variation(m, 16)),
+                   ("kernel.alignment", lambda m: kernel.alignment(m, [3, 1], window=16)),
                    ("kernel.qk_effective_rank", kernel.qk_effective_rank),
-                   ("kernel.kernel_reconstruction", lambda m: kernel.kernel_reconstruction(m, 16, 2)),
-                   ("kernel.first_alias_distance", lambda m: kernel.first_alias_distance(m, 3, 16, 2000, 3.0)),
+                   ("kernel.reconstruction", lambda m: kernel.reconstruction(m, 16, 2)),
+                   ("kernel.first_alias", lambda m: kernel.first_alias(m, 3, 16, 2000, 3.0)),
                    ("probes.position_logits", lambda m: probes.position_logits(m, 40)),
                    ("probes.position_attention", lambda m: probes.position_attention(m, 40)),
                    ("probes.shift_logit_difference", lambda m: probes.shift_logit_difference(m, 40, [1, 1000])),
@@ -199,8 +199,8 @@ LOW_PRECISION_CASES += [
     ("kernel.dilution_law_fit", lambda: (_model("head"),),
      lambda m: list(kernel.dilution_law_fit(m, 3, 16, 256).values())),
     ("kernel.mean_distractor_weight", lambda: (_model("head"),), lambda m: kernel.mean_distractor_weight(m, 3, 16, 400)),
-    ("kernel.spectrum_measures", lambda: dataclasses.astuple(_SPEC()),
-     lambda theta, r, phi: dataclasses.astuple(kernel.spectrum_measures(kernel.CarrierSpectrum(theta, r, phi), 3, 16))),
+    ("kernel.measures", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: dataclasses.astuple(kernel.measures(kernel.CarrierSpectrum(theta, r, phi), 3, 16))),
     ("theory.long_run_slope", lambda: dataclasses.astuple(_SPEC()),
      lambda theta, r, phi: theory.long_run_slope(r, phi, theta, 3)),
     ("theory.orbit_log_mean_exp", lambda: dataclasses.astuple(_SPEC()),
@@ -210,24 +210,23 @@ LOW_PRECISION_CASES += [
     ("theory.orbit_peakiness", lambda: dataclasses.astuple(_SPEC()),
      lambda theta, r, phi: theory.orbit_peakiness(r, phi, theta)),
     ("theory.independent_log_mean_exp", lambda: (_SPEC().r,), theory.independent_log_mean_exp),
-    ("kernel.spectrum_components", lambda: dataclasses.astuple(_SPEC()),
-     lambda theta, r, phi: kernel.spectrum_components(kernel.CarrierSpectrum(theta, r, phi), [-300, -3, 0])),
-    ("kernel.spectrum_kernel", lambda: dataclasses.astuple(_SPEC()),
-     lambda theta, r, phi: kernel.spectrum_kernel(kernel.CarrierSpectrum(theta, r, phi), [-300, -3, 0])),
-    ("kernel.spectrum_variation", lambda: dataclasses.astuple(_SPEC()),
-     lambda theta, r, phi: kernel.spectrum_variation(kernel.CarrierSpectrum(theta, r, phi), 16)),
-    ("kernel.spectrum_alignment", lambda: dataclasses.astuple(_SPEC()),
-     lambda theta, r, phi: kernel.spectrum_alignment(kernel.CarrierSpectrum(theta, r, phi), 3)),
-    ("kernel.spectrum_reconstruction", lambda: dataclasses.astuple(_SPEC()),
-     lambda theta, r, phi: kernel.spectrum_reconstruction(kernel.CarrierSpectrum(theta, r, phi), 16, 2)),
+    ("kernel.components", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.components(kernel.CarrierSpectrum(theta, r, phi), [-300, -3, 0])),
+    ("kernel.kernel_at", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.kernel_at(kernel.CarrierSpectrum(theta, r, phi), [-300, -3, 0])),
+    ("kernel.variation", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.variation(kernel.CarrierSpectrum(theta, r, phi), 16)),
+    ("kernel.alignment", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.alignment(kernel.CarrierSpectrum(theta, r, phi), 3)),
+    ("kernel.reconstruction", lambda: dataclasses.astuple(_SPEC()),
+     lambda theta, r, phi: kernel.reconstruction(kernel.CarrierSpectrum(theta, r, phi), 16, 2)),
     ("kernel.selection_margins", lambda: (KERNEL_ROWS,), lambda s: kernel.selection_margins(s, 3, 16)),
     ("kernel.unseen_weight", lambda: (KERNEL_ROWS,), lambda s: kernel.unseen_weight(s, 3, 16)),
-    ("kernel.kernel_first_alias", lambda: (KERNEL_ROWS,), lambda s: kernel.kernel_first_alias(s, 3, 16, 3.0)),
+    ("kernel.first_alias", lambda: (KERNEL_ROWS,), lambda s: kernel.first_alias(s, 3, 16, tolerance=3.0)),
     ("kernel.fit_carrier", lambda: (KERNEL_ROWS[:, -16:-1],),
      lambda p: dataclasses.astuple(kernel.fit_carrier(p, -torch.arange(15, 0, -1), _SPEC().theta))),
-    ("kernel.fitted_carrier_measures", lambda: (KERNEL_ROWS[:, -16:-1],),
-     lambda p: list(kernel.fitted_carrier_measures(kernel.fit_carrier(p, -torch.arange(15, 0, -1), _SPEC().theta),
-                                                   3).values())),
+    ("kernel.measures", lambda: (KERNEL_ROWS[:, -16:-1],),
+     lambda p: list(kernel.measures(kernel.fit_carrier(p, -torch.arange(15, 0, -1), _SPEC().theta).spectrum, 3, kernel.fit_carrier(p, -torch.arange(15, 0, -1), _SPEC().theta).window).as_dict().values())),
     ("theory.r_squared", lambda: (KERNEL_ROWS, KERNEL_ROWS + 0.1), theory.r_squared),
     ("theory.separation_auc", lambda: (KERNEL_ROWS[0], KERNEL_ROWS[1]), theory.separation_auc),
 ]
@@ -451,22 +450,23 @@ def _head(pe="rope"):
 PER_MODEL = [
     ("evaluation.target_attention_mass", "offset",
      lambda v: evaluation.target_attention_mass(_head(), v, [8, 12]), [1, 2, 3]),
-    ("kernel.carrier_alignment", "offset", lambda v: kernel.carrier_alignment(_head(), v, train_len=8), [1, 2, 3]),
-    ("kernel.first_alias_distance", "offset", lambda v: kernel.first_alias_distance(_head(), v, 8, 64), [1, 2, 3]),
+    ("kernel.alignment", "offset", lambda v: kernel.alignment(_head(), v, window=8), [1, 2, 3]),
+    ("kernel.first_alias", "offset", lambda v: kernel.first_alias(_head(), v, 8, 64), [1, 2, 3]),
     ("kernel.predicted_alias_distance", "offset",
      lambda v: kernel.predicted_alias_distance(_head(), v, 8, 64), [1, 2, 3]),
     ("kernel.dilution_law_fit", "offset", lambda v: kernel.dilution_law_fit(_head(), v, 8, 64), [1, 2, 3]),
     ("kernel.mean_distractor_weight", "offset", lambda v: kernel.mean_distractor_weight(_head(), v, 8, 64), [1, 2, 3]),
-    ("kernel.spectrum_measures", "offset",
-     lambda v: kernel.spectrum_measures(kernel.carrier_spectrum(_head()), v, 8), [1, 2, 3]),
-    ("kernel.spectrum_alignment", "offset",
-     lambda v: kernel.spectrum_alignment(kernel.carrier_spectrum(_head()), v), [1, 2, 3]),
+    ("kernel.measures", "offset",
+     lambda v: kernel.measures(kernel.carrier_spectrum(_head()), v, 8), [1, 2, 3]),
+    ("kernel.alignment", "offset",
+     lambda v: kernel.alignment(kernel.carrier_spectrum(_head()), v), [1, 2, 3]),
     ("kernel.selection_margins", "offset", lambda v: kernel.selection_margins(KERNEL, v, 8), [1, 2, 3]),
     ("kernel.unseen_weight", "offset", lambda v: kernel.unseen_weight(KERNEL, v, 8), [1, 2, 3]),
-    ("kernel.kernel_first_alias", "offset", lambda v: kernel.kernel_first_alias(KERNEL, v, 8), [1, 2, 3]),
-    ("kernel.fitted_carrier_measures", "offset",
-     lambda v: kernel.fitted_carrier_measures(kernel.fit_carrier(KERNEL[:, -8:-1].float(), -torch.arange(7, 0, -1),
-                                                                 kernel.carrier_spectrum(_head()).theta), v),
+    ("kernel.first_alias", "offset", lambda v: kernel.first_alias(KERNEL, v, 8), [1, 2, 3]),
+    ("kernel.measures", "offset",
+     lambda v: kernel.measures(kernel.fit_carrier(KERNEL[:, -8:-1].float(), -torch.arange(7, 0, -1),
+                                                                 kernel.carrier_spectrum(_head()).theta).spectrum, v, kernel.fit_carrier(KERNEL[:, -8:-1].float(), -torch.arange(7, 0, -1),
+                                                                 kernel.carrier_spectrum(_head()).theta).window).as_dict(),
      [1, 2, 3]),
     ("probes.copying_heads", "offset", lambda v: probes.copying_heads(torch.rand(M, 2, 2, 8), v), [1, 2, 3]),
     ("models.LinearRNN", "seeds", lambda v: models.LinearRNN(n_models=M, seeds=v), [4, 5, 6]),
@@ -521,18 +521,18 @@ PER_MODEL = [
     ("probes.shift_invariance", "tokens",
      lambda v: probes.shift_invariance(_head(), torch.as_tensor(v)[:, None, None].expand(-1, 2, 8), shifts=(1,)),
      [0, 1, 2]),
-    ("plots.alias_vs_failure", "alias_distance",
-     lambda v: plots.alias_vs_failure(v, [None] * M, ["a", "b", "c"], 64, 256, "t"), [20, None, 30]),
-    ("plots.alias_vs_failure", "failure_length",
-     lambda v: plots.alias_vs_failure([None] * M, v, ["a", "b", "c"], 64, 256, "t"), [32, None, 64]),
-    ("plots.dilution_slider", "measured",
-     lambda v: plots.dilution_slider([8, 16], np.array(v)[:, None].repeat(2, 1), ([8, 16], np.full((M, 2), 0.5)),
+    ("ch04.alias_vs_failure", "alias_distance",
+     lambda v: ch04.alias_vs_failure(v, [None] * M, ["a", "b", "c"], 64, 256, "t"), [20, None, 30]),
+    ("ch04.alias_vs_failure", "failure_length",
+     lambda v: ch04.alias_vs_failure([None] * M, v, ["a", "b", "c"], 64, 256, "t"), [32, None, 64]),
+    ("ch05.dilution_slider", "measured",
+     lambda v: ch05.dilution_slider([8, 16], np.array(v)[:, None].repeat(2, 1), ([8, 16], np.full((M, 2), 0.5)),
                                      ([8, 16], np.full((M, 2), 0.5)), ["a", "b", "c"], "t"), [0.5, 0.4, 0.3]),
-    ("plots.dilution_slider", "exact",
-     lambda v: plots.dilution_slider([8, 16], np.full((M, 2), 0.5), ([8, 16], np.array(v)[:, None].repeat(2, 1)),
+    ("ch05.dilution_slider", "exact",
+     lambda v: ch05.dilution_slider([8, 16], np.full((M, 2), 0.5), ([8, 16], np.array(v)[:, None].repeat(2, 1)),
                                      ([8, 16], np.full((M, 2), 0.5)), ["a", "b", "c"], "t"), [0.5, 0.4, 0.3]),
-    ("plots.dilution_slider", "mean_field",
-     lambda v: plots.dilution_slider([8, 16], np.full((M, 2), 0.5), ([8, 16], np.full((M, 2), 0.5)),
+    ("ch05.dilution_slider", "mean_field",
+     lambda v: ch05.dilution_slider([8, 16], np.full((M, 2), 0.5), ([8, 16], np.full((M, 2), 0.5)),
                                      ([8, 16], np.array(v)[:, None].repeat(2, 1)), ["a", "b", "c"], "t"),
      [0.5, 0.4, 0.3]),
 ]
@@ -549,20 +549,20 @@ SHARED_TASK = [
 # Arguments with a per-model-sounding name that hold one value by design, and why.
 ONE_VALUE = {
     "offset": {"configs.RetrievalExperiment", "configs.RetrievalSweep.experiment", "tasks.FixedOffsetRetrieval",
-               "probes.argmax_placement", "ch09.placement", "zoo.run_retrieval_zoo", "plots.offset_margin_profiles", "tasks.DelayedCopy",
+               "probes.argmax_placement", "ch09.placement", "zoo.run_retrieval_zoo", "ch09.offset_margin_profiles", "tasks.DelayedCopy",
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",
                "widgets.RetrievalExplorer", "live.kernel_panel",
                "live.kernel_report"},  # one experiment, task, closed form, control or live panel: one offset
     "seeds": {  # a result's record, filled by the runner
               "live.accuracy_panel"},  # the range of a live panel's seed slider
-    # the weights of spectrum_alignment are a [N, P] matrix checked by shape against the spectrum's rows
+    # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
              "probes.copy_head_placement"},  # one experiment / the check itself: one task
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
                "tasks.batch_targets", "tasks.query_targets",
                "bench.PlainGPT.forward"},  # [B, L] shared by every model (the benchmark's peer: one model)
-    "weights": {"kernel.participation_ratio", "kernel.spectrum_alignment"},  # any non-negative weights, no model dimension assumed
+    "weights": {"kernel.participation_ratio", "kernel.alignment"},  # any non-negative weights, no model dimension assumed
     # a null's seed (one random stream for every draw), per-head labels and margins of figures whose length
     # defines M, and a result's record filled by the runner
     "seed": {"evaluation.accuracy_by_length", "evaluation.squared_error_by_length",
@@ -571,11 +571,11 @@ ONE_VALUE = {
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
              "ch09.shift_violation", "bench.tf_batches", "seeding.effective_seed",
              "seeding.generator"},  # the benchmark's batches, a generator: one stream for every model
-    "labels": {"plots.alias_vs_failure", "plots.dilution_slider", "plots.accuracy_heatmap", "plots.r2_vs_reach",
-               "plots.censored_scatter", "plots.r2_vs_margin"},  # define M: the others are checked against them
-    "measured": {"plots.dilution_panel"}, "exact": {"plots.dilution_panel"},  # one model's panel
-    "mean_field": {"plots.dilution_panel"}, "alias_distance": set(),
-    "failure_length": set(), "margin": {"plots.r2_vs_margin"}, "rho": set(), "p_star": set(),
+    "labels": {"ch04.alias_vs_failure", "ch05.dilution_slider", "ch05.accuracy_heatmap", "ch05.r2_vs_reach",
+               "ch04.censored_scatter", "ch05.r2_vs_margin"},  # define M: the others are checked against them
+    "measured": {"ch05.dilution_panel"}, "exact": {"ch05.dilution_panel"},  # one model's panel
+    "mean_field": {"ch05.dilution_panel"}, "alias_distance": set(),
+    "failure_length": set(), "margin": {"ch05.r2_vs_margin"}, "rho": set(), "p_star": set(),
 }
 
 
@@ -616,7 +616,7 @@ def test_functions_of_one_shared_task_refuse_a_task_per_model(function, call):
 
 
 @pytest.mark.parametrize("function", ["mean_field_parameters", "exact_target_mass", "distractor_ratio",
-                                      "target_attention_mass", "carrier_alignment", "first_alias_distance"])
+                                      "target_attention_mass", "alignment", "first_alias"])
 def test_per_model_results_equal_each_model_computed_alone(function):
     """No uninitialised memory: with one offset per model, every row equals that model computed alone
     (an entry left unwritten by a length mismatch would differ)."""
@@ -630,8 +630,8 @@ def test_per_model_results_equal_each_model_computed_alone(function):
         "distractor_ratio": lambda i, k: theory.distractor_ratio(KERNEL if i is None else KERNEL[i:i + 1], k),
         "target_attention_mass": lambda i, k: evaluation.target_attention_mass(
             head if i is None else head.select(i), k, [8, 16]),
-        "carrier_alignment": lambda i, k: kernel.carrier_alignment(head if i is None else head.select(i), k, 8),
-        "first_alias_distance": lambda i, k: torch.tensor([-1 if d is None else d for d in kernel.first_alias_distance(
+        "alignment": lambda i, k: kernel.alignment(head if i is None else head.select(i), k, window=8),
+        "first_alias": lambda i, k: torch.tensor([-1 if d is None else d for d in kernel.first_alias(
             head if i is None else head.select(i), k, 8, 400, tolerance=3.0)]),
     }[function]
     together = calls(None, offsets)
@@ -693,7 +693,7 @@ def assert_steps_show_their_panels(fig, panels):
 
 
 def assert_grid_shows_its_panels(fig, panels):
-    """Every cell of ``fig``'s grid (:func:`plots.grid_slider_figure`: the page script applies the cell's stored
+    """Every cell of ``fig``'s grid (:func:`sliders.grid_slider_figure`: the page script applies the cell's stored
     visibility, then its layout) shows exactly its stand-alone panel; the page opens on the active cell."""
     grid = fig.layout.meta["grid"]
     rows, cols = grid["shape"]
@@ -714,7 +714,7 @@ def _accuracy_panel(means, title, n_curves=2, lengths=(16, 32, 64)):
     curves = {pe: (list(lengths), np.array([means] * 5)) for pe in ("rope", "ape", "nope", "alibi")[:n_curves]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the below-chance flag also warns
-        return plots.accuracy_vs_length(curves, chance=1 / 16, train_len=16, title=title)
+        return figures.accuracy_vs_length(curves, chance=1 / 16, train_len=16, title=title)
 
 
 def test_slider_step_keeps_its_panels_below_chance_flag_and_legendonly_traces():
@@ -724,7 +724,7 @@ def test_slider_step_keeps_its_panels_below_chance_flag_and_legendonly_traces():
     fine = _accuracy_panel([1.0, 0.9, 0.8], "fine")
     flagged = _accuracy_panel([0.5, 0.01, 0.0], "below chance")  # mean 0.0 < 1/16 - 0.05: flagged
     flagged.data[1].visible = "legendonly"
-    fig = plots.slider_figure({"a": fine, "b": flagged}, "panel: ", active=0)
+    fig = sliders.slider_figure({"a": fine, "b": flagged}, "panel: ", active=0)
     texts = lambda f: [a.text for a in f.layout.annotations]  # noqa: E731
     assert not any("likely a bug" in t for t in texts(fig))
     on_b = _apply_step(fig, fig.layout.sliders[0].steps[1])
@@ -733,7 +733,7 @@ def test_slider_step_keeps_its_panels_below_chance_flag_and_legendonly_traces():
     back = _apply_step(on_b, fig.layout.sliders[0].steps[0])
     assert not any("likely a bug" in t for t in texts(back))
     assert_steps_show_their_panels(fig, [fine, flagged])
-    assert_steps_show_their_panels(plots.slider_figure({"a": fine, "b": flagged}, "panel: ", active=1),
+    assert_steps_show_their_panels(sliders.slider_figure({"a": fine, "b": flagged}, "panel: ", active=1),
                                    [fine, flagged])
 
 
@@ -742,9 +742,9 @@ def test_slider_steps_switch_axes_legends_shapes_and_trace_counts():
     trace count: each step is its panel, in both directions."""
     panels = [_accuracy_panel([1.0, 0.9, 0.8], "three lengths"),
               _accuracy_panel([1.0, 0.9, 0.8, 0.7], "four curves, four lengths", n_curves=4, lengths=(8, 16, 32, 64)),
-              plots.kernel_panel([-2, -1, 0], np.ones((2, 3)), 1, 2, "a kernel panel", y_range=[-3, 3])]
+              ch04.kernel_panel([-2, -1, 0], np.ones((2, 3)), 1, 2, "a kernel panel", y_range=[-3, 3])]
     for active in range(3):
-        fig = plots.slider_figure({str(i): p for i, p in enumerate(panels)}, "x: ", active=active)
+        fig = sliders.slider_figure({str(i): p for i, p in enumerate(panels)}, "x: ", active=active)
         assert_steps_show_their_panels(fig, panels)
 
 
@@ -757,29 +757,29 @@ def _book_sliders():
     sweep[5]["nope"] = (lengths, np.zeros((5, 4)))  # a below-chance panel, as a bug would show it
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        panels = [plots.accuracy_vs_length(c, chance=1 / 16, train_len=16, title=f"k = {k}") for k, c in sweep.items()]
-    yield "slider_figure", plots.slider_figure({f"k = {k}": p for k, p in zip(sweep, panels)}, "offset ", 1), panels
+        panels = [figures.accuracy_vs_length(c, chance=1 / 16, train_len=16, title=f"k = {k}") for k, c in sweep.items()]
+    yield "slider_figure", sliders.slider_figure({f"k = {k}": p for k, p in zip(sweep, panels)}, "offset ", 1), panels
     kernels = {k: torch.randn(3, 49, generator=g).double().numpy() for k in (1, 3, 5)}
-    fig = plots.kernel_slider(list(range(-48, 1)), kernels, 16, "kernels")
+    fig = ch04.kernel_slider(list(range(-48, 1)), kernels, 16, "kernels")
     y = [s.min() for s in kernels.values()], [s.max() for s in kernels.values()]
     y_range = [min(y[0]) - 0.05 * (max(y[1]) - min(y[0])), max(y[1]) + 0.05 * (max(y[1]) - min(y[0]))]
-    yield "kernel_slider", fig, [plots.kernel_panel(list(range(-48, 1)), s, k, 16, "kernels", y_range)
+    yield "kernel_slider", fig, [ch04.kernel_panel(list(range(-48, 1)), s, k, 16, "kernels", y_range)
                                  for k, s in kernels.items()]
     rows = {L: torch.softmax(torch.randn(3, L, generator=g), -1) for L in (16, 24, 40)}
-    yield "attention_row_slider", plots.attention_row_slider(rows, 16, 3, "rows", active=24), [
-        plots.attention_row_panel(rows[L], 16, 3, "rows", x_max=40) for L in (16, 24, 40)]
+    yield "attention_row_slider", ch03.attention_row_slider(rows, 16, 3, "rows", active=24), [
+        ch03.attention_row_panel(rows[L], 16, 3, "rows", x_max=40) for L in (16, 24, 40)]
     fine = [16, 32, 64, 128, 256]
     p = torch.rand(3, 5, generator=g).numpy() * 0.9 + 0.05
-    yield "dilution_slider", plots.dilution_slider([16, 64], p[:, [0, 2]], (fine, p), (fine, p ** 2), "abc", "dil"), [
-        plots.dilution_panel([16, 64], p[i, [0, 2]], (fine, p[i]), (fine, p[i] ** 2), "dil") for i in range(3)]
+    yield "dilution_slider", ch05.dilution_slider([16, 64], p[:, [0, 2]], (fine, p), (fine, p ** 2), "abc", "dil"), [
+        ch05.dilution_panel([16, 64], p[i, [0, 2]], (fine, p[i]), (fine, p[i] ** 2), "dil") for i in range(3)]
     grid = {}  # chapter 1's explorer: offset x training length, each panel on its own lengths
     for k in (1, 3):
         for train_len in (8, 16, 32):
             lengths = [train_len * m for m in (1, 2, 4)]
             curves = {pe: (lengths, torch.rand(5, 3, generator=g).numpy()) for pe in ("rope", "ape", "nope")}
-            grid[(str(k), str(train_len))] = plots.accuracy_vs_length(curves, chance=1 / 16, train_len=train_len,
+            grid[(str(k), str(train_len))] = figures.accuracy_vs_length(curves, chance=1 / 16, train_len=train_len,
                                                                      title=f"k = {k}, L = {train_len}")
-    yield "grid_slider_figure", plots.grid_slider_figure(grid, ("offset k = ", "training length = "), (1, 1)), list(
+    yield "grid_slider_figure", sliders.grid_slider_figure(grid, ("offset k = ", "training length = "), (1, 1)), list(
         grid.values())
 
 
@@ -788,7 +788,7 @@ def test_every_slider_figure_of_the_book_is_swept():
     called = set()
     for path in sorted((Path(__file__).parents[1] / "chapters").glob("*.ipynb")):
         source = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
-        called |= set(re.findall(r"plots\.(\w*slider\w*)\(", source))
+        called |= set(re.findall(r"(?:sliders|ch0\d|figures)\.(\w*slider\w*)\(", source))
     assert called and called <= {name for name, _, _ in _book_sliders()}, called
 
 

@@ -35,7 +35,7 @@ from lengthgen_utils import _validate
 from lengthgen_utils.core import attention, models, rope
 from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, training
 from lengthgen_utils.analysis import kernel, probes, theory
-from lengthgen_utils.book import plots, widgets
+from lengthgen_utils.book import ch05, render, sliders, widgets
 from lengthgen_utils.core.models import KernelHead, LinearRNN, RetrievalHead, Transformer
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
 
@@ -397,8 +397,8 @@ SMALLEST = {  # the smallest sizes each function allows: a finite, non-empty res
     "participation_ratio n=1": lambda: kernel.participation_ratio(torch.ones(1, 1)),
     "diagonal_spread L=1": lambda: probes.diagonal_spread(torch.zeros(1, 1, 1)),
     "accuracy_transition M=1": lambda: probes.accuracy_transition(torch.ones(1, 1), [16], 0.5)["width"].nan_to_num(),
-    "spectrum_alignment": lambda: kernel.spectrum_alignment(_spectrum(1.0), 1),
-    "spectrum_reconstruction": lambda: kernel.spectrum_reconstruction(_spectrum(1.0), 3, 1),
+    "alignment": lambda: kernel.alignment(_spectrum(1.0), 1),
+    "reconstruction": lambda: kernel.reconstruction(_spectrum(1.0), 3, 1),
     "rope_kernel_coefficients d=2": lambda: rope.rope_kernel_coefficients(torch.ones(1, 2), torch.ones(1, 2)),
 }
 ONE_BELOW = {  # one below: refused, naming the argument (never an empty result, a NaN or a ZeroDivisionError)
@@ -432,8 +432,8 @@ ONE_BELOW = {  # one below: refused, naming the argument (never an empty result,
     "diagonal_spread L=0": ("logits", lambda: probes.diagonal_spread(torch.zeros(1, 0, 0))),
     "diagonal_spread M=0": ("logits", lambda: probes.diagonal_spread(torch.zeros(0, 2, 2))),
     "accuracy_transition M=0": ("accuracy", lambda: probes.accuracy_transition(torch.ones(0, 2), [16, 32], 0.5)),
-    "spectrum_alignment, all weights 0": ("weights", lambda: kernel.spectrum_alignment(_spectrum(0.0), 1)),
-    "spectrum_reconstruction, no variance": ("variance", lambda: kernel.spectrum_reconstruction(_spectrum(0.0), 3, 1)),
+    "alignment, all weights 0": ("weights", lambda: kernel.alignment(_spectrum(0.0), 1)),
+    "reconstruction, no variance": ("variance", lambda: kernel.reconstruction(_spectrum(0.0), 3, 1)),
     "rope_kernel_coefficients d=0": ("d_head", lambda: rope.rope_kernel_coefficients(torch.ones(1, 0),
                                                                                          torch.ones(1, 0))),
 }
@@ -491,8 +491,8 @@ def _figures_with_nan():
     cells, and a slider figure over NaN panels."""
     raw = go.Figure(go.Scatter(x=[1, 2, 3], y=np.array([0.5, np.nan, 1.0])), layout=dict(title="raw"))
     acc = np.array([[1.0, np.nan, 0.5], [np.nan, 0.75, 0.25]])
-    heatmap = plots.accuracy_heatmap(acc, [16, 32, 64], ["a", "b"], 0.25, "heatmap")
-    slider = plots.slider_figure({"one": raw, "two": go.Figure(go.Scatter(x=[1, 2], y=[np.nan, 2.0]))}, "panel")
+    heatmap = ch05.accuracy_heatmap(acc, [16, 32, 64], ["a", "b"], 0.25, "heatmap")
+    slider = sliders.slider_figure({"one": raw, "two": go.Figure(go.Scatter(x=[1, 2], y=[np.nan, 2.0]))}, "panel")
     return {"raw": raw, "heatmap": heatmap, "slider": slider}
 
 
@@ -501,7 +501,7 @@ def test_strict_json_of_every_figure_the_book_renders():
     in the plotly JSON, and a warning printed in the cell), where plotly's own renderer writes ``null``. Every
     output the book renders (the ``lengthgen`` renderer's bundle, the interactive panel's output) is strict JSON,
     and rendering prints no warning."""
-    plots.setup()
+    render.setup()
     renderer = pio.renderers["lengthgen"]
     for name, fig in _figures_with_nan().items():
         with warnings.catch_warnings():
@@ -515,7 +515,7 @@ def test_strict_json_of_every_figure_the_book_renders():
                 warnings.simplefilter("error")
                 json_packer({"data": data})
         plotly_json = bundle["application/vnd.plotly.v1+json"]
-        reference = json.loads(pio.to_json(plots.fit_to_column(fig), validate=False))
+        reference = json.loads(pio.to_json(render.fit_to_column(fig), validate=False))
         assert plotly_json["data"] == reference["data"], name  # the same as plotly's own null-for-NaN JSON
         assert "NaN" not in bundle["text/html"]
 

@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from lengthgen_utils.run import cache, seeding
+from lengthgen_utils.run import cache
+from lengthgen_utils.core import seeding
 from lengthgen_utils.book import checks, scoreboard
 from lengthgen_utils.tools import robustness
 from lengthgen_utils.analysis import theory

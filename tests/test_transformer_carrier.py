@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lengthgen_utils.analysis import kernel
-from lengthgen_utils.analysis.kernel import CarrierSpectrum, fit_carrier, fitted_carrier_measures
+from lengthgen_utils.analysis.kernel import CarrierSpectrum, fit_carrier, measures
 from lengthgen_utils.core.models import RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import RoPE, RotaryFrequencies
 from lengthgen_utils.analysis.probes import copying_heads, head_carriers
@@ -22,7 +22,7 @@ def test_fit_recovers_a_known_carrier_exactly():
     theta = [2.5, 1.7, 0.9, 0.4]
     truth = spectrum([[1.0, 0.5, 2.0, 0.3], [0.2, 1.5, 0.1, 0.7]], [[0.3, -2.0, 1.0, 3.0], [2.0, 0.1, -1.2, 0.4]], theta)
     window = -torch.arange(1, 25)
-    profile = kernel.spectrum_kernel(truth, window)
+    profile = kernel.kernel_at(truth, window)
     fit = fit_carrier(profile, window, theta)
     torch.testing.assert_close(fit.spectrum.r, truth.r)
     torch.testing.assert_close(torch.cos(fit.spectrum.phi - truth.phi), torch.ones(2, 4, dtype=torch.float64))
@@ -63,37 +63,37 @@ def test_fitted_measures_are_chapter_4s_measures():
     exact = kernel.carrier_spectrum(model)
     torch.testing.assert_close(fit.spectrum.r, exact.r, rtol=1e-5, atol=1e-7)
     offsets = [1, 2, 3, 5]
-    torch.testing.assert_close(kernel.spectrum_alignment(fit.spectrum, offsets), kernel.carrier_alignment(model, offsets),
+    torch.testing.assert_close(kernel.alignment(fit.spectrum, offsets), kernel.alignment(model, offsets),
                                rtol=1e-5, atol=1e-6)
     train_window = kernel.relative_positions(16)
-    variation = kernel.spectrum_variation(fit.spectrum, train_window)
-    torch.testing.assert_close(variation, kernel.variation_weights(model, 16), rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(kernel.spectrum_alignment(fit.spectrum, offsets, variation),
-                               kernel.carrier_alignment(model, offsets, 16), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(kernel.spectrum_reconstruction(fit.spectrum, train_window, 2),
-                               kernel.kernel_reconstruction(model, 16, 2), rtol=1e-5, atol=1e-6)
-    measures = fitted_carrier_measures(fit, 3)
-    assert set(measures) == {"C raw", "C variation", "PR amplitude", "PR variation", "top-2 kept", "peak z"}
-    assert all(v.shape == (4,) for v in measures.values())
-    torch.testing.assert_close(measures["PR amplitude"], kernel.participation_ratio(exact.r), rtol=1e-5, atol=1e-6)
+    variation = kernel.variation(fit.spectrum, train_window)
+    torch.testing.assert_close(variation, kernel.variation(model, 16), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(kernel.alignment(fit.spectrum, offsets, weights=variation),
+                               kernel.alignment(model, offsets, window=16), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kernel.reconstruction(fit.spectrum, train_window, 2),
+                               kernel.reconstruction(model, 16, 2), rtol=1e-5, atol=1e-6)
+    measured = measures(fit.spectrum, 3, fit.window).as_dict()
+    assert set(measured) == {"C raw", "C variation", "PR amplitude", "PR variation", "top-2 kept", "peak z"}
+    assert all(v.shape == (4,) for v in measured.values())
+    torch.testing.assert_close(measured["PR amplitude"], kernel.participation_ratio(exact.r), rtol=1e-5, atol=1e-6)
 
 
 def test_a_matched_carrier_is_aligned_and_a_shifted_one_is_not():
     theta = [1.0, 0.5, 0.25]
     matched = spectrum([[1.0, 1.0, 1.0]], [[-1.0 * 3, -0.5 * 3, -0.25 * 3]], theta)  # cos(theta (D + 3))
-    assert kernel.spectrum_alignment(matched, 3).item() == pytest.approx(1.0)
+    assert kernel.alignment(matched, 3).item() == pytest.approx(1.0)
     opposite = spectrum([[1.0, 1.0, 1.0]], [[-3.0 + math.pi, -1.5 + math.pi, -0.75 + math.pi]], theta)
-    assert kernel.spectrum_alignment(opposite, 3).item() == pytest.approx(-1.0)
+    assert kernel.alignment(opposite, 3).item() == pytest.approx(-1.0)
 
 
 def test_kernel_first_alias_on_a_hand_made_kernel():
     by_distance = torch.tensor([[0.0, 1.0, 5.0, 2.0, 3.0, 4.5, 6.0, float("nan")]])  # s(-d), d = 0..7
     row = by_distance.flip(1)
-    assert kernel.kernel_first_alias(row, 2, min_distance=3) == [5]  # 4.5 >= 5 - 1
-    assert kernel.kernel_first_alias(row, 2, min_distance=3, tolerance=0.0) == [6]
-    assert kernel.kernel_first_alias(row[:, 2:], 2, min_distance=3, tolerance=0.0) == [None]
+    assert kernel.first_alias(row, 2, min_distance=3) == [5]  # 4.5 >= 5 - 1
+    assert kernel.first_alias(row, 2, min_distance=3, tolerance=0.0) == [6]
+    assert kernel.first_alias(row[:, 2:], 2, min_distance=3, tolerance=0.0) == [None]
     with pytest.raises(ValueError, match="min_distance"):
-        kernel.kernel_first_alias(row, 2, min_distance=2)
+        kernel.first_alias(row, 2, min_distance=2)
 
 
 def test_copying_heads_picks_the_most_weight_at_the_offset():

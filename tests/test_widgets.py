@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from lengthgen_utils.book import plots
+from lengthgen_utils.book import figures, sliders
 from lengthgen_utils.run.configs import RetrievalExperiment, RetrievalSweep
 from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.core.encodings import LearnedAPE
@@ -112,13 +112,13 @@ def test_bad_initial_values_are_refused(kwargs, error):
 
 
 # ------------------------------------------------------------ the static slider figure
-def _frame(y, title):  # five identical seeds: fewer would be noted in the title (plots.seed_note)
-    return plots.accuracy_vs_length({"rope": ([16, 32], np.array([y] * 5)), "ape": ([16, 32], np.array([y] * 5))},
+def _frame(y, title):  # five identical seeds: fewer would be noted in the title (style.seed_note)
+    return figures.accuracy_vs_length({"rope": ([16, 32], np.array([y] * 5)), "ape": ([16, 32], np.array([y] * 5))},
                                     chance=1 / 16, train_len=16, title=title)
 
 
 def test_slider_figure_steps_switch_traces_and_title():
-    fig = plots.slider_figure({"k = 1": _frame([1.0, 0.9], "one"), "k = 2": _frame([0.5, 0.4], "two")},
+    fig = sliders.slider_figure({"k = 1": _frame([1.0, 0.9], "one"), "k = 2": _frame([0.5, 0.4], "two")},
                               slider_title="offset k: ", active=1)
     assert len(fig.data) == 8  # 2 frames x 2 encodings x (band, mean)
     assert [t.visible for t in fig.data] == [False] * 4 + [True] * 4
@@ -135,7 +135,7 @@ def test_slider_figure_steps_switch_traces_and_title():
 
 
 def test_slider_figure_accepts_trace_lists_and_frames_of_different_sizes():
-    fig = plots.slider_figure({"a": [go.Scatter(y=[1, 2])], "b": [go.Scatter(y=[3]), go.Scatter(y=[4])]}, "x: ")
+    fig = sliders.slider_figure({"a": [go.Scatter(y=[1, 2])], "b": [go.Scatter(y=[3]), go.Scatter(y=[4])]}, "x: ")
     assert [t.visible for t in fig.data] == [True, False, False]
 
 
@@ -145,7 +145,7 @@ def test_slider_figure_accepts_trace_lists_and_frames_of_different_sizes():
 ])
 def test_slider_figure_rejects_bad_input(frames, active, error):
     with pytest.raises(error):
-        plots.slider_figure(frames, "x: ", active=active)
+        sliders.slider_figure(frames, "x: ", active=active)
 
 
 # ------------------------------------------------------------ the offset sweep behind chapter 1's slider
@@ -208,10 +208,10 @@ def test_accuracy_vs_length_styles_and_bands():
     """Overlapping variants can share a colour, differ in dash, and drop their bands."""
     acc = np.full((5, 2), 0.5)
     curves = {"a plain": ([16, 32], acc), "a scaled": ([16, 32], acc)}
-    fig = plots.accuracy_vs_length(curves, chance=0.1, train_len=16, title="t", bands=False,
+    fig = figures.accuracy_vs_length(curves, chance=0.1, train_len=16, title="t", bands=False,
                                    styles={"a plain": dict(color="#123456"), "a scaled": dict(color="#123456", dash="dash")})
     lines = [t for t in fig.data if t.mode == "lines+markers"]
     assert [t.line.color for t in lines] == ["#123456", "#123456"] and [t.line.dash for t in lines] == ["solid", "dash"]
     assert not any(t.fill == "toself" for t in fig.data)
-    with_bands = plots.accuracy_vs_length(curves, chance=0.1, train_len=16, title="t")
+    with_bands = figures.accuracy_vs_length(curves, chance=0.1, train_len=16, title="t")
     assert sum(t.fill == "toself" for t in with_bands.data) == 2

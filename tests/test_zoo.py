@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils.book import ch09, plots
+from lengthgen_utils.book import ch09, sliders, tables
 from lengthgen_utils.run import zoo
 from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.core.encodings import (LearnedAPE, RandomizedPositions, RoPE, RoPEInterpolation, RoPENTK,
@@ -130,21 +130,21 @@ def test_run_retrieval_zoo_evaluates_rope_weights_under_position_interpolation()
 
 
 def test_the_zoo_figures_and_table_render():
-    table = plots.Table(["a", "b"], [["1", "x<y"], ["22", "z"]], caption="c")
+    table = tables.Table(["a", "b"], [["1", "x<y"], ["22", "z"]], caption="c")
     assert "x&lt;y" in table._repr_html_() and str(table).splitlines()[1].startswith("a ")
     with pytest.raises(ValueError, match="row 0"):
-        plots.Table(["a"], [["1", "2"]])
+        tables.Table(["a"], [["1", "2"]])
     rng = np.random.default_rng(0)
-    panels = {name: plots.encoding_panels(
+    panels = {name: ch09.encoding_panels(
         {"retrieval": ([1, 2, 4], rng.random((3, 3)), "solid"), "delayed copy": ([1, 2], rng.random((2, 2)), "dash")},
         rng.random((3, 64)), train_len=16, target=60, chance=1 / 16, title=name, color="#1f77b4", visited=32)
         for name in ("A", "B")}
-    slider = plots.slider_figure(panels, "encoding: ")
+    slider = sliders.slider_figure(panels, "encoding: ")
     assert len(slider.layout.sliders[0].steps) == 2
-    fig = plots.offset_margin_profiles({"rope": -rng.random((3, 64)), RandomizedPositions("rope"): -rng.random((3, 64))},
+    fig = ch09.offset_margin_profiles({"rope": -rng.random((3, 64)), RandomizedPositions("rope"): -rng.random((3, 64))},
                                        train_len=16, offset=3, title="t")
     assert len(fig.data) == 4
-    fig = plots.violations_by_encoding({"rope": (1e-7, 1e-5), "ape": (0.1, 10.0), "nope": (0.0, 0.0)}, 1e-4, "t")
+    fig = ch09.violations_by_encoding({"rope": (1e-7, 1e-5), "ape": (0.1, 10.0), "nope": (0.0, 0.0)}, 1e-4, "t")
     assert min(fig.data[0].x) == 1e-9  # an exact 0 drawn at the floor
     with pytest.raises(ValueError, match="accuracy"):
-        plots.encoding_panels({"r": ([1, 2], rng.random((3, 3)), "solid")}, rng.random((3, 8)), 4, 5, 0.1, "t", "#000000")
+        ch09.encoding_panels({"r": ([1, 2], rng.random((3, 3)), "solid")}, rng.random((3, 8)), 4, 5, 0.1, "t", "#000000")

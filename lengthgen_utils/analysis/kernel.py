@@ -24,7 +24,7 @@ from torch import Tensor
 from .._validate import check_int, check_nonempty, check_positive_float, per_model_ints
 from ..core.encodings import RoPE
 from ..core.rope import check_relative_positions, rope_kernel_coefficients, rope_kernel_features
-from ..run.seeding import generator
+from ..core.seeding import generator
 from .theory import distractor_ratio, mean_field_parameters, orbit_log_stats, pair_recurrences, r_squared
 
 
@@ -131,43 +131,6 @@ def factorized_kernel(model) -> Tensor:
     return rope_kernel_coefficients(q0.double(), k0.double(), encoding.interleaved) / q0.shape[-1] ** 0.5
 
 
-def pair_components(model, relative) -> Tensor:
-    """Each frequency pair's contribution ``r_i cos(theta_i D - phi_i)`` to the kernel.
-
-    Args:
-        model: a RoPE retrieval head ensemble (M models).
-        relative: integer relative positions ``D`` (key minus query; any integers).
-
-    Returns:
-        float64 ``[M, P, n]`` in logit units; summing over ``P`` gives :func:`kernel_at`
-        (:func:`spectrum_components` of the head's :func:`carrier_spectrum`).
-    """
-    return spectrum_components(carrier_spectrum(model), relative)
-
-
-def kernel_at(model, relative) -> Tensor:
-    """The trained attention logit ``s(D)`` at the given relative positions, computed from the weights.
-
-    ``s(D) = sum_i [a_i cos(theta_i D) + b_i sin(theta_i D)] = sum_i r_i cos(theta_i D - phi_i)``,
-    the logit the query at position ``L-1`` gives the key at ``L-1+D``, at every length ``L``.
-
-    Returns:
-        float64 ``[M, n]`` logits (nats).
-
-    Raises:
-        ValueError / TypeError: not a RoPE model; positions empty or not integers.
-    """
-    return pair_components(model, relative).sum(1)
-
-
-def offset_kernel(model, n: int) -> Tensor:
-    """The kernel over ``D = -(n-1) .. 0`` in the row layout (see the module docstring): float64 ``[M, n]``.
-
-    Equal, up to float rounding, to the model's own score row ``model.scores(n)``.
-    """
-    return kernel_at(model, relative_positions(n))
-
-
 def peak_distance(kernel: Tensor) -> Tensor:
     """The distance ``d = -D`` of each row's largest entry, for a kernel ``[M, n]`` in the row layout: long ``[M]``.
 
@@ -180,43 +143,6 @@ def peak_distance(kernel: Tensor) -> Tensor:
         raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
     check_nonempty("kernel", kernel, "[M, n]")
     return kernel.shape[1] - 1 - kernel.argmax(1).cpu()
-
-
-def variation_weights(model, train_len: int) -> Tensor:
-    """How much each pair's contribution varies across the training window.
-
-    ``v_i = std_{D in window} r_i cos(theta_i D - phi_i)`` (population std). A
-    low frequency that barely turns over the window has small ``v_i`` however
-    large ``r_i`` is: it acts as a bias, not as a selector.
-
-    Returns:
-        float64 ``[M, P]`` (nats).
-    """
-    return spectrum_variation(carrier_spectrum(model), _window(train_len))
-
-
-def carrier_alignment(model, offset, train_len: int | None = None) -> Tensor:
-    """Alignment of the carrier with the target offset ``k``.
-
-    ``C = sum_i w_i cos(phi_i + theta_i k) / sum_i w_i``: 1 when every pair's
-    cosine peaks at ``D = -k`` (a matched filter for offset k).
-    With ``train_len=None`` the weights are the raw amplitudes ``w_i = r_i``;
-    with ``train_len`` they are the variation weights ``w_i = v_i`` of
-    :func:`variation_weights` (the pairs that actually select inside the window).
-
-    Args:
-        model: a RoPE retrieval head ensemble (M models).
-        offset: the target offset k >= 1 (one int, or one per model).
-        train_len: None (raw-amplitude alignment) or the training length (variation-weighted).
-
-    Returns:
-        float64 ``[M]`` in [-1, 1].
-
-    Source: the abstract's "carrier aligned with the offset" (claim of chapter 4).
-    """
-    spec = carrier_spectrum(model)
-    weights = None if train_len is None else spectrum_variation(spec, _window(train_len))
-    return spectrum_alignment(spec, offset, weights)
 
 
 def participation_ratio(weights: Tensor) -> Tensor:
@@ -260,20 +186,6 @@ def qk_effective_rank(model) -> Tensor:
     return participation_ratio(sigma ** 2).cpu()
 
 
-def kernel_reconstruction(model, train_len: int, rank: int) -> Tensor:
-    """Fraction of the kernel's variance over the training window kept by its top-``rank`` pairs.
-
-    Pairs are ranked by variation weight (:func:`variation_weights`); the
-    reconstruction keeps those pairs' components and replaces every other pair
-    by its mean over the window (a constant bias). Returned is
-    ``1 - ||s - s_r||^2 / ||s - mean s||^2`` over the window.
-
-    Returns:
-        float64 ``[M]``, at most 1 (1 when ``rank`` pairs reconstruct the window exactly).
-    """
-    return spectrum_reconstruction(carrier_spectrum(model), _window(train_len), rank)
-
-
 def _window(window) -> Tensor:
     """A window of relative positions: a training length ``L`` gives ``D = -(L-1) .. 0``; a sequence is checked."""
     if isinstance(window, int) and not isinstance(window, bool):
@@ -281,35 +193,159 @@ def _window(window) -> Tensor:
     return check_relative_positions("window", window)
 
 
-def first_alias_distance(model, offset, train_len: int, max_distance: int, tolerance: float = 1.0) -> list:
-    """The nearest distance beyond the training window at which the kernel comes back near its target peak.
+# ---------------------------------------------------------------- the kernel and its terms, from a spectrum
+def _spectrum(source) -> CarrierSpectrum:
+    """``source`` as a :class:`CarrierSpectrum`: a spectrum as it is, a RoPE head as :func:`carrier_spectrum` reads it."""
+    return source if isinstance(source, CarrierSpectrum) else carrier_spectrum(source)
 
-    Returns, per model, the smallest distance ``d >= train_len`` with
-    ``s(-d) >= s(-k) - tolerance`` (a key that gets at least ``exp(-tolerance)``
-    of the target's weight), searched up to ``max_distance``; ``None`` when there is none.
-    A sequence of length ``L`` contains that key once ``L >= d + 1``.
+
+def components(source, relative) -> Tensor:
+    """Each pair's term ``r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, P, n]``.
+
+    The one place the carrier's terms are formed: the kernel and every measure of chapters 4 and 7 go
+    through it.
 
     Args:
-        model: a RoPE retrieval head ensemble.
-        offset: the target offset k (one int, or one per model).
-        train_len: the training length (the window is ``d <= train_len - 1``).
-        max_distance: largest distance searched (>= train_len).
-        tolerance: nats below the target logit that still count as "near the peak" (>= 0).
+        source: a :class:`CarrierSpectrum` of ``N`` carriers, or a RoPE head ensemble (its spectrum).
+        relative: integer relative positions ``D`` (key minus query; any integers).
 
-    Source: Barbero et al. 2025 (RoPE frequencies; aliasing at long range).
+    Raises:
+        ValueError / TypeError: a model that is not a position-only RoPE head; positions empty or not integers.
     """
-    ks = torch.tensor(per_model_ints("offset", offset, model.n_models, minimum=1))
-    train_len = check_int("train_len", train_len, minimum=int(ks.max()) + 2)
-    max_distance = check_int("max_distance", max_distance, minimum=train_len)
-    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
-        raise ValueError(f"tolerance must be a number >= 0; got tolerance={tolerance!r}")
-    distances = torch.arange(train_len, max_distance + 1)
-    far = kernel_at(model, -distances)
-    peak = kernel_at(model, -ks).diagonal()[:, None]  # s_m(-k_m)
+    spectrum = _spectrum(source)
+    rel = check_relative_positions("relative", relative).double()
+    angle = spectrum.theta[None, :, None] * rel[None, None, :] - spectrum.phi[:, :, None]
+    return spectrum.r[:, :, None] * torch.cos(angle)
+
+
+def kernel_at(source, relative) -> Tensor:
+    """The carrier ``s(D) = sum_i r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, n]``.
+
+    For a trained head, the logit the query at position ``L-1`` gives the key at ``L-1+D``, at every length
+    ``L`` (nats). ``source``: a spectrum or a RoPE head (see :func:`components`).
+    """
+    return components(source, relative).sum(1)
+
+
+def offset_kernel(source, n: int) -> Tensor:
+    """The kernel over ``D = -(n-1) .. 0`` in the row layout (see the module docstring): float64 ``[N, n]``.
+
+    For a head, equal up to float rounding to its own score row ``model.scores(n)``.
+    """
+    return kernel_at(source, relative_positions(n))
+
+
+def variation(source, window) -> Tensor:
+    """How much each pair's term varies over ``window``: its population std there, float64 ``[N, P]`` (nats).
+
+    A low frequency that barely turns over the window has a small variation however large its amplitude:
+    it acts as a bias, not as a selector. ``window`` is a training length ``L`` (``D = -(L-1) .. 0``) or the
+    relative positions themselves.
+    """
+    return components(source, _window(window)).std(-1, unbiased=False)
+
+
+def alignment(source, offset, window=None, weights: Tensor | None = None) -> Tensor:
+    """Alignment ``C = sum_i w_i cos(phi_i + theta_i k) / sum_i w_i`` of the carrier with the offset ``k``.
+
+    1 when every weighted pair peaks at ``D = -k`` (a matched filter for offset ``k``). The weights are the
+    amplitudes ``w_i = r_i`` by default; with ``window`` (a training length or relative positions) each
+    pair's :func:`variation` over it (the pairs that actually select inside the window); or ``weights``.
+
+    Args:
+        source: a spectrum of ``N`` carriers or a RoPE head ensemble.
+        offset: the target offset ``k >= 1`` (one int, or one per carrier).
+        window: None, or the window whose variation weights the pairs.
+        weights: None, or non-negative ``[N, P]`` (not with ``window``).
+
+    Returns:
+        float64 ``[N]`` in [-1, 1].
+
+    Raises:
+        ValueError / TypeError: bad offsets; both ``window`` and ``weights``; weights of another shape or
+            negative; a carrier whose weights are all 0 (its alignment divides by their sum).
+
+    Source: the abstract's "carrier aligned with the offset" (claim of chapter 4).
+    """
+    spectrum = _spectrum(source)
+    if window is not None and weights is not None:
+        raise ValueError("give window or weights, not both")
+    n = spectrum.r.shape[0]
+    k = torch.tensor(per_model_ints("offset", offset, n, minimum=1), dtype=torch.float64)
+    if window is not None:
+        w = variation(spectrum, window)
+    else:
+        w = spectrum.r if weights is None else torch.as_tensor(weights, dtype=torch.float64)
+    if w.shape != spectrum.r.shape or (w < 0).any():
+        raise ValueError(f"weights must be non-negative [N, P] = {tuple(spectrum.r.shape)}; got {tuple(w.shape)}")
+    cos = torch.cos(spectrum.phi + spectrum.theta[None, :] * k[:, None])
+    total = w.sum(1)
+    if bool((total == 0).any()):
+        raise ValueError("weights are all 0 for some carrier (no pair has amplitude or variation): its alignment "
+                         "divides by their sum, 0")
+    return (w * cos).sum(1) / total
+
+
+def reconstruction(source, window, rank: int) -> Tensor:
+    """Fraction of the carrier's variance over ``window`` kept by its top-``rank`` pairs (ranked by variation).
+
+    The reconstruction keeps those pairs' terms and replaces every other pair by its mean over the window (a
+    constant bias): ``1 - ||s - s_r||^2 / ||s - mean s||^2``. Returns float64 ``[N]``, at most 1.
+
+    Raises:
+        ValueError / TypeError: ``rank`` not in ``[0, P]`` (the number of frequency pairs), or a carrier that
+            is constant over the window (no variance to keep: the fraction divides by 0).
+    """
+    spectrum = _spectrum(source)
+    rank = check_int("rank", rank, minimum=0, maximum=spectrum.r.shape[1])
+    return _kept_variance(components(spectrum, _window(window)), rank)
+
+
+def first_alias(source, offset, min_distance: int, max_distance: int | None = None, tolerance: float = 1.0) -> list:
+    """The nearest distance ``d >= min_distance`` at which the kernel comes back near its value at ``-k``.
+
+    The criterion ``s(-d) >= s(-k) - tolerance``: a key that gets at least ``exp(-tolerance)`` of the
+    target's weight. A sequence of length ``L`` contains that key once ``L >= d + 1``.
+
+    Args:
+        source: a kernel ``[M, n]`` in the row layout (e.g. a transformer head's mean attention logit measured
+            on long sequences; non-finite columns, offsets a probe did not average, are skipped), searched up to
+            ``d = n - 1``; or a spectrum or a RoPE head, whose kernel is computed up to ``max_distance``.
+        offset: the target offset ``k`` (one int, or one per row).
+        min_distance: the first distance searched (``> k``; the training length, to search beyond the window).
+        max_distance: the last distance searched (required for a spectrum or head; for a kernel, at most
+            ``n - 1``, default ``n - 1``).
+        tolerance: nats below the target logit that still count (>= 0).
+
+    Returns:
+        one int or ``None`` (no alias up to ``max_distance``) per row.
+
+    Raises:
+        ValueError / TypeError: a kernel that is not ``[M, n]``; bad offsets or distances; a negative tolerance.
+
+    Source: chapter 4 (aliases of the offset kernel); Barbero et al. 2025 (RoPE frequencies at long range).
+    """
+    tolerance = check_positive_float("tolerance", tolerance, allow_zero=True)
+    if isinstance(source, Tensor):
+        if source.dim() != 2:
+            raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {tuple(source.shape)}")
+        kernel = source.detach().double().cpu()
+        if max_distance is not None:
+            check_int("max_distance", max_distance, minimum=1, maximum=kernel.shape[1] - 1)
+            kernel = kernel[:, kernel.shape[1] - 1 - max_distance:]
+    else:
+        if max_distance is None:
+            raise ValueError("max_distance is required when the kernel is computed from a spectrum or a head")
+        kernel = offset_kernel(source, check_int("max_distance", max_distance, minimum=1) + 1)
+    m, n = kernel.shape
+    ks = per_model_ints("offset", offset, m, minimum=1, maximum=n - 1)
+    min_distance = check_int("min_distance", min_distance, minimum=max(ks) + 1, maximum=n - 1)
+    by_distance = kernel.flip(1)  # column d holds s(-d)
     out = []
-    for row in far >= peak - tolerance:
-        idx = torch.nonzero(row)
-        out.append(int(distances[idx[0, 0]]) if idx.numel() else None)
+    for i, k in enumerate(ks):
+        row = by_distance[i]
+        hits = torch.nonzero(row[min_distance:] >= row[k] - tolerance)  # NaN compares False
+        out.append(int(hits[0, 0]) + min_distance if hits.numel() else None)
     return out
 
 
@@ -319,11 +355,11 @@ class CarrierMeasures:
     """Every carrier measure of chapter 4 for a set of heads, computed from their spectra.
 
     Attributes (each float64 ``[M]``):
-        alignment_raw: ``C`` with amplitude weights ``r_i`` (:func:`carrier_alignment`).
+        alignment_raw: ``C`` with amplitude weights ``r_i`` (:func:`alignment`).
         alignment_variation: ``C`` with variation weights ``v_i``.
         pr_amplitude: participation ratio of the amplitudes (effective number of pairs, 1..P).
         pr_variation: participation ratio of the variation weights.
-        top2_kept: fraction of the window variance kept by the top-2 pairs (:func:`kernel_reconstruction`).
+        top2_kept: fraction of the window variance kept by the top-2 pairs (:func:`reconstruction`).
         peak_z: the target's margin over the best other offset in the window, in units of the
             kernel's standard deviation over the window (scale-free selectivity).
         peak_distance: distance ``d = -D`` of the window's argmax (long ``[M]``).
@@ -348,11 +384,11 @@ class CarrierMeasures:
         return CarrierMeasures(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
 
 
-def spectrum_measures(spec: CarrierSpectrum, offset, window) -> CarrierMeasures:
+def measures(source, offset, window) -> CarrierMeasures:
     """The carrier measures of heads given by their spectra (trained, untrained or with shuffled phases).
 
     Args:
-        spec: :class:`CarrierSpectrum` of M heads (``r``, ``phi`` ``[M, P]``).
+        source: a :class:`CarrierSpectrum` of M heads (``r``, ``phi`` ``[M, P]``) or a RoPE head ensemble.
         offset: the target offset k (one int, or one per head).
         window: the training length ``L`` (the window ``D = -(L-1) .. 0``) or the relative positions of
             the window (e.g. a fit's); it must hold every target ``D = -k``.
@@ -365,6 +401,7 @@ def spectrum_measures(spec: CarrierSpectrum, offset, window) -> CarrierMeasures:
 
     Source: chapter 4 (the measures and their nulls).
     """
+    spec = _spectrum(source)
     m = spec.r.shape[0]
     ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1))
     rel = _window(window)
@@ -372,15 +409,15 @@ def spectrum_measures(spec: CarrierSpectrum, offset, window) -> CarrierMeasures:
     if not where.any(1).all():
         raise ValueError(f"window must contain every target D = -k; offsets {sorted(set(ks.tolist()))}, "
                          f"window {int(rel.min())} .. {int(rel.max())}")
-    comps = spectrum_components(spec, rel)
+    comps = components(spec, rel)
     s = comps.sum(1)  # [M, W]
     var = comps.std(-1, unbiased=False)
     rows, target = torch.arange(m), where.double().argmax(1)
     others = s.clone()
     others[rows, target] = -math.inf
     return CarrierMeasures(
-        alignment_raw=spectrum_alignment(spec, ks.tolist()),
-        alignment_variation=spectrum_alignment(spec, ks.tolist(), var),
+        alignment_raw=alignment(spec, ks.tolist()),
+        alignment_variation=alignment(spec, ks.tolist(), weights=var),
         pr_amplitude=participation_ratio(spec.r),
         pr_variation=participation_ratio(var),
         top2_kept=_kept_variance(comps, 2),
@@ -404,26 +441,26 @@ def shuffled_phases(spec: CarrierSpectrum, n_draws: int, seed: int = 0) -> Carri
     return CarrierSpectrum(theta=spec.theta, r=r, phi=phi)
 
 
-def predicted_alias_distance(model, offset, train_len: int, max_distance: int, n_pairs: int = 2,
+def predicted_alias_distance(source, offset, train_len: int, max_distance: int, n_pairs: int = 2,
                              phase_tolerance: float = math.pi / 3, tolerance: float = 1.0) -> tuple[list, Tensor]:
     """Predict each head's first aliasing distance from the frequency set and its dominant pairs.
 
     1. The head's dominant pairs are its ``n_pairs`` pairs of largest variation over the training
-       window (:func:`variation_weights`): the pairs that do the selecting.
+       window (:func:`variation`): the pairs that do the selecting.
     2. The candidate lags are the near-recurrences of those pairs,
        :func:`~lengthgen_utils.analysis.theory.pair_recurrences` (every dominant pair within
        ``phase_tolerance`` of a whole turn): they depend on ``d_head``, the base and which pairs
        dominate, nothing else.
     3. The predicted first alias is the first candidate distance ``d = k + Delta >= train_len`` at which
        the kernel, read from the weights, comes within ``tolerance`` nats of its target logit
-       (the criterion of :func:`first_alias_distance`).
+       (the criterion of :func:`first_alias`).
 
     No sequence longer than the training window is run through the model. Where the prediction equals
-    :func:`first_alias_distance` (which scans every distance), the aliases lie where the
+    :func:`first_alias` (which scans every distance), the aliases lie where the
     dominant pairs recur.
 
     Args:
-        model: a RoPE retrieval head ensemble.
+        source: a RoPE retrieval head ensemble, or its :class:`CarrierSpectrum`.
         offset: the target offset k (one int, or one per model).
         train_len: the training length.
         max_distance: largest distance considered (>= train_len).
@@ -437,14 +474,14 @@ def predicted_alias_distance(model, offset, train_len: int, max_distance: int, n
 
     Source: chapter 4, "Aliases come from the frequency set".
     """
-    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    spec = _spectrum(source)
+    ks = per_model_ints("offset", offset, spec.r.shape[0], minimum=1)
     train_len = check_int("train_len", train_len, minimum=max(ks) + 2)
     max_distance = check_int("max_distance", max_distance, minimum=train_len)
     if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
         raise ValueError(f"tolerance must be a number >= 0; got tolerance={tolerance!r}")
-    spec = carrier_spectrum(model)
     n_pairs = check_int("n_pairs", n_pairs, minimum=1, maximum=spec.theta.numel())
-    dominant = variation_weights(model, train_len).argsort(1, descending=True)[:, :n_pairs]
+    dominant = variation(spec, train_len).argsort(1, descending=True)[:, :n_pairs]
     out = []
     for i, k in enumerate(ks):
         lags = pair_recurrences(spec.theta, dominant[i].tolist(), max_distance - k, phase_tolerance)
@@ -453,21 +490,15 @@ def predicted_alias_distance(model, offset, train_len: int, max_distance: int, n
             out.append(None)
             continue
         head = spec.select([i])
-        values = _kernel_from_spectrum(head, -distances)[0]
-        target = _kernel_from_spectrum(head, torch.tensor([-k]))[0, 0]
+        values = kernel_at(head, -distances)[0]
+        target = kernel_at(head, [-k])[0, 0]
         hits = torch.nonzero(values >= target - tolerance)
         out.append(int(distances[hits[0, 0]]) if hits.numel() else None)
     return out, dominant
 
 
-def _kernel_from_spectrum(spec: CarrierSpectrum, relative: Tensor) -> Tensor:
-    """``s(D) = sum_i r_i cos(theta_i D - phi_i)`` at the given relative positions: float64 ``[M, n]``."""
-    angle = spec.theta[None, :, None] * relative.double()[None, None, :] - spec.phi[:, :, None]
-    return (spec.r[:, :, None] * torch.cos(angle)).sum(1)
-
-
 # ---------------------------------------------------------------- the long-run dilution law, head by head (chapter 5)
-def mean_distractor_weight(model, offset, start: int, stop: int, chunk: int = 1 << 16) -> Tensor:
+def mean_distractor_weight(source, offset, start: int, stop: int, chunk: int = 1 << 16) -> Tensor:
     """The average weight of a key relative to the target over the distances ``start .. stop-1``.
 
     ``(1 / (stop - start)) sum_{d = start}^{stop - 1} exp(s(-d) - s(-k))``: the measured slope of
@@ -475,7 +506,7 @@ def mean_distractor_weight(model, offset, start: int, stop: int, chunk: int = 1 
     the weights in chunks (no ``[M, stop]`` tensor is formed).
 
     Args:
-        model: a RoPE retrieval head ensemble.
+        source: a RoPE retrieval head ensemble, or its :class:`CarrierSpectrum`.
         offset: the target offset k (one int, or one per model).
         start, stop: ``1 <= start < stop``; the target distance ``k`` must lie below ``start``.
         chunk: distances per chunk.
@@ -483,26 +514,31 @@ def mean_distractor_weight(model, offset, start: int, stop: int, chunk: int = 1 
     Returns:
         float64 ``[M]``.
     """
-    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    spec = _spectrum(source)
+    ks = per_model_ints("offset", offset, spec.r.shape[0], minimum=1)
     start = check_int("start", start, minimum=max(ks) + 1)
     stop = check_int("stop", stop, minimum=start + 1)
     chunk = check_int("chunk", chunk, minimum=1)
-    spec = carrier_spectrum(model)
     k = torch.tensor(ks, dtype=torch.float64)
     target = (spec.r * torch.cos(-spec.theta[None, :] * k[:, None] - spec.phi)).sum(1, keepdim=True)  # s_m(-k_m)
-    total = torch.zeros(model.n_models, dtype=torch.float64)
+    total = torch.zeros(spec.r.shape[0], dtype=torch.float64)
     for begin in range(start, stop, chunk):
         distances = torch.arange(begin, min(stop, begin + chunk))
-        total += torch.exp(_kernel_from_spectrum(spec, -distances) - target).sum(1)
+        total += torch.exp(kernel_at(spec, -distances) - target).sum(1)
     return total / (stop - start)
 
 
-def dilution_law_fit(model, offset, train_len: int, max_len: int) -> dict:
+def dilution_law_fit(source, offset, train_len: int, max_len: int) -> dict:
     """How well the long-run dilution law describes each head's exact ``1/p(L) - 1`` up to ``max_len``.
 
     The law anchored at the training length, with the orbit slope of
     :func:`~lengthgen_utils.analysis.theory.long_run_slope` and no fitted parameter:
     ``1/p(L) - 1 = ratio(train_len) + slope (L - train_len)``.
+
+    Args:
+        source: a RoPE retrieval head ensemble, or its :class:`CarrierSpectrum`.
+        offset: the target offset k (one int, or one per head).
+        train_len, max_len: the lengths the law is anchored at and tested up to.
 
     Returns:
         ``{"margin", "kappa", "slope", "r2"}``, each float64 ``[M]``: the window margin (nats; see
@@ -513,11 +549,11 @@ def dilution_law_fit(model, offset, train_len: int, max_len: int) -> dict:
 
     Source: chapter 5.
     """
-    ks = per_model_ints("offset", offset, model.n_models, minimum=1)
+    spec = _spectrum(source)
+    ks = per_model_ints("offset", offset, spec.r.shape[0], minimum=1)
     train_len = check_int("train_len", train_len, minimum=max(ks) + 2)
     max_len = check_int("max_len", max_len, minimum=train_len + 2)
-    spec = carrier_spectrum(model)
-    row = offset_kernel(model, max_len)
+    row = offset_kernel(spec, max_len)
     margin, _ = mean_field_parameters(row, ks, train_len)
     ratio = distractor_ratio(row, ks)[:, train_len - 1:]
     log_mean, log_max = orbit_log_stats(spec.r, spec.phi, spec.theta)  # one quadrature for slope and kappa
@@ -628,7 +664,7 @@ def fit_carrier(profile: Tensor, window, theta, rcond: float = 1e-3) -> CarrierF
     (the minimum-norm least-squares solution, so frequencies that barely turn over the window and
     cannot be told apart share their part rather than cancel with huge amplitudes). Then
     ``r_i = |a_i + 1j b_i|`` and ``phi_i = arg(a_i + 1j b_i)``, the convention of
-    :func:`carrier_spectrum`, so :func:`spectrum_alignment` and the other measures read it the same way.
+    :func:`carrier_spectrum`, so :func:`alignment` and the other measures read it the same way.
 
     Args:
         profile: float ``[N, W]``: column ``w`` holds the profile at ``window[w]`` (e.g. a head's mean
@@ -673,76 +709,6 @@ def fit_carrier(profile: Tensor, window, theta, rcond: float = 1e-3) -> CarrierF
     return CarrierFit(CarrierSpectrum(theta=theta, r=z.abs(), phi=z.angle()), window, 1 - residual / variance)
 
 
-def spectrum_components(spectrum: CarrierSpectrum, relative) -> Tensor:
-    """Each pair's term ``r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, P, n]``.
-
-    The one place the carrier's terms are formed: :func:`pair_components`, :func:`kernel_at` and every
-    measure of chapters 4 and 7 go through it."""
-    rel = check_relative_positions("relative", relative).double()
-    angle = spectrum.theta[None, :, None] * rel[None, None, :] - spectrum.phi[:, :, None]
-    return spectrum.r[:, :, None] * torch.cos(angle)
-
-
-def spectrum_kernel(spectrum: CarrierSpectrum, relative) -> Tensor:
-    """The carrier ``s(D) = sum_i r_i cos(theta_i D - phi_i)`` at the relative positions ``D``: float64 ``[N, n]``."""
-    return spectrum_components(spectrum, relative).sum(1)
-
-
-def spectrum_variation(spectrum: CarrierSpectrum, window) -> Tensor:
-    """Each pair's variation over ``window`` (population std of its term): float64 ``[N, P]``.
-
-    ``window`` is a training length ``L`` (``D = -(L-1) .. 0``) or the relative positions themselves. The
-    spectrum form of :func:`variation_weights` (which takes a trained head and its training length).
-    """
-    return spectrum_components(spectrum, _window(window)).std(-1, unbiased=False)
-
-
-def spectrum_alignment(spectrum: CarrierSpectrum, offset, weights: Tensor | None = None) -> Tensor:
-    """Alignment ``C = sum_i w_i cos(phi_i + theta_i k) / sum_i w_i`` of a spectrum with the offset ``k``.
-
-    The spectrum form of :func:`carrier_alignment`: ``weights=None`` weights by the amplitudes ``r_i``;
-    pass :func:`spectrum_variation` to weight by each pair's variation over a window.
-
-    Args:
-        spectrum: ``N`` carriers.
-        offset: the target offset ``k >= 1`` (one int, or one per carrier).
-        weights: ``None`` or non-negative ``[N, P]``.
-
-    Returns:
-        float64 ``[N]`` in [-1, 1] (1: every weighted pair peaks at ``D = -k``).
-
-    Raises:
-        ValueError / TypeError: bad offsets, weights of another shape or negative, or a carrier whose weights
-            are all 0 (its alignment divides by their sum).
-    """
-    n = spectrum.r.shape[0]
-    k = torch.tensor(per_model_ints("offset", offset, n, minimum=1), dtype=torch.float64)
-    w = spectrum.r if weights is None else torch.as_tensor(weights, dtype=torch.float64)
-    if w.shape != spectrum.r.shape or (w < 0).any():
-        raise ValueError(f"weights must be non-negative [N, P] = {tuple(spectrum.r.shape)}; got {tuple(w.shape)}")
-    cos = torch.cos(spectrum.phi + spectrum.theta[None, :] * k[:, None])
-    total = w.sum(1)
-    if bool((total == 0).any()):
-        raise ValueError("weights are all 0 for some carrier (no pair has amplitude or variation): its alignment "
-                         "divides by their sum, 0")
-    return (w * cos).sum(1) / total
-
-
-def spectrum_reconstruction(spectrum: CarrierSpectrum, window, rank: int) -> Tensor:
-    """Fraction of the carrier's variance over ``window`` kept by its top-``rank`` pairs (by variation).
-
-    The other pairs are replaced by their mean over the window. ``window`` is a training length ``L``
-    (``D = -(L-1) .. 0``) or the relative positions themselves. Returns float64 ``[N]``, at most 1.
-
-    Raises:
-        ValueError / TypeError: ``rank`` not in ``[0, P]`` (the number of frequency pairs), or a carrier that
-            is constant over the window (no variance to keep: the fraction divides by 0).
-    """
-    n_pairs = spectrum.r.shape[1]
-    rank = check_int("rank", rank, minimum=0, maximum=n_pairs)
-    return _kept_variance(spectrum_components(spectrum, _window(window)), rank)
-
-
 def _kept_variance(comps: Tensor, rank: int) -> Tensor:
     """``1 - ||s - s_r||^2 / ||s - mean s||^2`` for components ``[N, P, W]`` keeping the top-``rank`` pairs."""
     order = comps.std(-1, unbiased=False).argsort(1, descending=True)
@@ -757,49 +723,3 @@ def _kept_variance(comps: Tensor, rank: int) -> Tensor:
     return 1 - ((s - approx) ** 2).sum(-1) / variance
 
 
-def fitted_carrier_measures(fit: CarrierFit, offset) -> dict:
-    """Chapter 4's carrier measures of fitted carriers, over the window the fit used.
-
-    Args:
-        fit: a :class:`CarrierFit` of ``N`` profiles.
-        offset: the target offset ``k`` (one int, or one per profile); ``-k`` must lie in the fit's window.
-
-    Returns:
-        ``{name: float64 [N]}``: :meth:`CarrierMeasures.as_dict` of :func:`spectrum_measures` over ``fit.window``
-        (``"C raw"``, ``"C variation"``, ``"PR amplitude"``, ``"PR variation"``, ``"top-2 kept"``, ``"peak z"``).
-    """
-    return spectrum_measures(fit.spectrum, offset, fit.window).as_dict()
-
-
-def kernel_first_alias(kernel: Tensor, offset, min_distance: int, tolerance: float = 1.0) -> list:
-    """The nearest distance ``d >= min_distance`` at which a kernel comes back near its value at ``-k``.
-
-    The criterion of :func:`first_alias_distance` (``s(-d) >= s(-k) - tolerance``: a key that gets at
-    least ``exp(-tolerance)`` of the target's weight) applied to any kernel in the row layout, e.g.
-    a transformer head's mean attention logit measured on long sequences (chapter 7).
-
-    Args:
-        kernel: ``[M, n]`` logits (nats) in the row layout; non-finite columns (offsets a probe did not
-            average) are skipped.
-        offset: the target offset ``k`` (one int, or one per row).
-        min_distance: the first distance searched (``> k``).
-        tolerance: nats below the target logit that still count (>= 0).
-
-    Returns:
-        one int or ``None`` (no alias up to ``n - 1``) per row.
-
-    Source: chapter 4 (aliases of the offset kernel); Barbero et al. 2025.
-    """
-    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
-        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
-    m, n = kernel.shape
-    ks = per_model_ints("offset", offset, m, minimum=1, maximum=n - 1)
-    min_distance = check_int("min_distance", min_distance, minimum=max(ks) + 1, maximum=n - 1)
-    tolerance = check_positive_float("tolerance", tolerance, allow_zero=True)
-    by_distance = kernel.detach().double().cpu().flip(1)
-    out = []
-    for i, k in enumerate(ks):
-        row = by_distance[i]
-        hits = torch.nonzero(row[min_distance:] >= row[k] - tolerance)  # NaN compares False
-        out.append(int(hits[0, 0]) + min_distance if hits.numel() else None)
-    return out

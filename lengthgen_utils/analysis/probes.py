@@ -18,7 +18,7 @@ from ..core.attention import attention_scores, row_weights
 from ..core.encodings import RoPE
 from ..core.rope import rope_angles
 from ..core.tasks import as_task_list, query_targets, shared_task
-from ..run.seeding import generator
+from ..core.seeding import generator
 from ..run.training import ensemble_cross_entropy, model_threads
 from .kernel import CarrierFit, fit_carrier
 

@@ -20,9 +20,14 @@ from ..analysis.probes import (PLACEMENTS, argmax_placement, attention_argmax, c
 from ..core.encodings import get_encoding
 from ..core.models import Transformer
 from ..run.results import Runs
-from ..run.seeding import generator
+from ..core.seeding import generator
 from ..run.training import model_threads
 from ..run.zoo import SHIFTS, SPAN
+import numpy as np
+import plotly.graph_objects as go
+from .render import FIGURE_HEIGHT
+from .sliders import _check_panels
+from .style import color_for, label_of, rgba, short_label
 
 
 def visited(run: Runs) -> int:
@@ -247,3 +252,153 @@ def summary_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                       accuracies(r["copy"]), r["placement"], r["copy_placement"] or "not run",
                       f"{violation(r['shift_random'])}, {violation(r['shift_trained'])}"])
     return header, cells
+
+
+# ---------------------------------------------------------------- figures
+def encoding_panels(curves: dict, attention, train_len: int, target: int, chance: float, title: str,
+                    color: str, visited: int | None = None) -> go.Figure:
+    """One encoding in two panels: accuracy against length on each task (left), and where the trained query
+    attends at the longest length (right). Frames for :func:`slider_figure` (the panels share axes and shapes).
+
+    Args:
+        curves: ``{task name: (length multiples [n], accuracy [n_seeds, n], dash)}``, e.g.
+            ``{"retrieval": ([1, 2, 4, 8, 16], acc, "solid")}``; drawn as mean with a min..max band.
+        attention: ``[n_seeds, L]`` attention weights of the query (position ``L-1``) at the longest length.
+        train_len: training length of the attention panel's task; its positions are shaded.
+        target: the target key ``L - 1 - k``, marked.
+        chance: chance accuracy (dotted line, left panel).
+        title: the frame's title.
+        color: the encoding's colour.
+        visited: when given and beyond ``train_len``, the last position training visited is marked.
+
+    Returns:
+        a plotly ``Figure`` with two subplots.
+
+    Raises:
+        ValueError: an accuracy array that does not match its multiples, or ``attention`` not 2-D.
+    """
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
+                        subplot_titles=("accuracy", f"attention, L = {np.shape(attention)[-1]}"))
+    ticks = set()
+    for name, (multiples, acc, dash) in curves.items():
+        x = np.log2(np.asarray(multiples, dtype=float))
+        acc = np.asarray(acc, dtype=float)
+        if acc.ndim != 2 or acc.shape[1] != len(x):
+            raise ValueError(f"accuracy for {name!r} must be [n_seeds, {len(x)}]; got {acc.shape}")
+        ticks.update(int(m) for m in multiples)
+        fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([acc.max(0), acc.min(0)[::-1]]),
+                                 mode="lines", fill="toself", fillcolor=rgba(color, 0.15), line=dict(width=0),
+                                 hoverinfo="skip", showlegend=False), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=acc.mean(0), mode="lines+markers", name=f"{name} ({acc.shape[0]} seeds)",
+                                 line=dict(color=color, width=3, dash=dash),
+                                 hovertemplate=f"{name}, " + "%{text}: mean %{y:.3f}<extra></extra>",
+                                 text=[f"{m:g}x" for m in multiples]), row=1, col=1)
+    attention = np.asarray(attention, dtype=float)
+    if attention.ndim != 2:
+        raise ValueError(f"attention must be [n_seeds, L]; got shape {attention.shape}")
+    keys = np.arange(attention.shape[1])
+    for i, row in enumerate(attention):
+        fig.add_trace(go.Scatter(x=keys, y=row, mode="lines", line=dict(color=color, width=1.5), opacity=0.7,
+                                 showlegend=False, hovertemplate=f"seed {i}: " + "key %{x}: %{y:.3f}<extra></extra>"),
+                      row=1, col=2)
+    fig.add_trace(go.Scatter(x=[target, target], y=[0, 1.02], mode="lines", name=f"target key L-1-k = {target}",
+                             line=dict(color="black", dash="dash", width=1)), row=1, col=2)
+    if visited is not None and visited > train_len:
+        fig.add_trace(go.Scatter(x=[visited - 0.5] * 2, y=[0, 1.02], mode="lines",
+                                 name=f"last position training visited ({visited - 1})",
+                                 line=dict(color="gray", dash="dot", width=1.5)), row=1, col=2)
+    fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.5), row=1, col=1,
+                  name=f"chance {chance:.3f}", showlegend=True)
+    fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.15, line_width=0, row=1, col=2)
+    ticks = sorted(ticks)
+    fig.update_xaxes(title="length / training<br>length (log scale)", tickvals=np.log2(ticks),
+                     ticktext=[f"{t}x" for t in ticks], row=1, col=1)
+    fig.update_yaxes(title="accuracy (fraction)", range=[-0.02, 1.05], row=1, col=1)
+    fig.update_xaxes(title="key position<br>(tokens)", range=[-1, attention.shape[1]], row=1, col=2)
+    fig.update_yaxes(title="attention weight", range=[-0.02, 1.05], row=1, col=2)
+    fig.update_layout(title=title, height=FIGURE_HEIGHT + 60, margin=dict(t=150, b=70),
+                      legend=dict(orientation="h", x=0.0, xanchor="left", y=1.13, yanchor="bottom"))
+    return fig
+
+
+def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str) -> go.Figure:
+    """The trained query's logit at each relative position D minus its logit at the target's: one panel per encoding.
+
+    The encodings' margins differ by orders of magnitude, so each panel has its own y axis.
+
+    Args:
+        curves: ``{encoding (or name): margins [n_seeds, L]}``, column ``j`` at offset ``D = j - (L-1)``
+            (e.g. :func:`lengthgen_utils.run.zoo.offset_margins`); drawn as the mean with a min..max band.
+        train_len: the offsets the training sequences contained, ``-(train_len-1) .. 0``, are shaded.
+        offset: the target offset k (its margin is 0 by construction; a dotted line).
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure`` with two panels per row: x = relative position D = j - i (tokens), y = margin (logit units); a key
+        above the zero line beats the target.
+
+    Raises:
+        ValueError: ``curves`` is empty or an array is not 2-D.
+    """
+    from plotly.subplots import make_subplots
+
+    _check_panels(curves, "curves")
+    n_rows = (len(curves) + 1) // 2
+    fig = make_subplots(rows=n_rows, cols=2, subplot_titles=[short_label(n) for n in curves],
+                        horizontal_spacing=0.12, vertical_spacing=0.5 / n_rows)
+    for i, (name, margins) in enumerate(curves.items()):
+        m = np.asarray(margins, dtype=float)
+        if m.ndim != 2:
+            raise ValueError(f"margins for {name!r} must be [n_seeds, L]; got shape {m.shape}")
+        row, col = i // 2 + 1, i % 2 + 1
+        d = np.arange(-(m.shape[1] - 1), 1)
+        color = color_for(name, i)
+        fig.add_trace(go.Scatter(x=np.concatenate([d, d[::-1]]), y=np.concatenate([m.max(0), m.min(0)[::-1]]),
+                                 mode="lines", fill="toself", fillcolor=rgba(color, 0.2), line=dict(width=0),
+                                 hoverinfo="skip", showlegend=False), row=row, col=col)
+        fig.add_trace(go.Scatter(x=d, y=m.mean(0), mode="lines", showlegend=False, line=dict(color=color, width=1.5),
+                                 hovertemplate=f"{label_of(name)}, " + "D=%{x}: margin %{y:.2f}<extra></extra>"),
+                      row=row, col=col)
+        fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.15, line_width=0,
+                      row=row, col=col)
+        fig.add_vline(x=-offset, line=dict(color="black", dash="dot", width=1), row=row, col=col)
+        fig.add_hline(y=0, line=dict(color="black", width=1), row=row, col=col)
+        fig.update_xaxes(title="D = j − i (tokens)" if row == n_rows else None, row=row, col=col)
+        fig.update_yaxes(title="margin (logits)" if col == 1 else None, row=row, col=col)
+    fig.update_layout(title=title, height=150 + 210 * n_rows, margin=dict(t=110))
+    return fig
+
+
+def violations_by_encoding(values: dict, tolerance: float, title: str, floor: float = 1e-9) -> go.Figure:
+    """The shift test's violation per encoding: random and trained heads side by side, log scale.
+
+    Args:
+        values: ``{encoding (or name): (random, trained)}``, the largest logit change under a global shift.
+        tolerance: the exactness threshold, drawn as a vertical line (its value belongs in the caption).
+        title: figure title.
+        floor: a value below it (an exact 0) is drawn at ``floor`` (the caption should say so); the hover text
+            gives the exact value.
+
+    Returns:
+        a plotly ``Figure`` with one row per encoding, labelled by :func:`short_label`.
+    """
+    _check_panels(values, "values")
+    names = list(values)
+    labels = [short_label(n) for n in names]
+    fig = go.Figure()
+    for k, (kind, symbol) in enumerate((("random head", "circle-open"), ("trained", "circle"))):
+        xs = [float(values[n][k]) for n in names]
+        fig.add_trace(go.Scatter(x=[max(x, floor) for x in xs], y=labels, mode="markers", name=kind,
+                                 marker=dict(symbol=symbol, size=11, color=[color_for(n, i) for i, n in enumerate(names)],
+                                             line=dict(width=2, color=[color_for(n, i) for i, n in enumerate(names)])),
+                                 customdata=xs, hovertemplate="%{y}, " + kind + ": %{customdata:.2e}<extra></extra>"))
+    fig.add_vline(x=tolerance, line=dict(color="black", dash="dash", width=1), name="tolerance", showlegend=True)
+    fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 140 + 32 * len(names)))
+    drawn = [max(float(v[k]), floor) for v in values.values() for k in (0, 1)]
+    span = [np.log10(min(drawn + [tolerance])) - 0.5, np.log10(max(drawn + [tolerance])) + 0.5]
+    fig.update_xaxes(title="max |Δ logit| (log scale)", type="log", exponentformat="power", range=span,
+                     dtick=4, tick0=0, tickangle=0)  # a label every 4 decades: more collide on a phone
+    fig.update_yaxes(autorange="reversed")
+    return fig

@@ -37,8 +37,8 @@ import torch
 
 from .._validate import check_int, check_int_sequence
 from ..analysis import kernel, theory
-from ..book import plots
 from ..core.encodings import LearnedAPE, RoPE
+from . import ch04, figures, render, sliders, style
 
 SCRIPT = "_static/lengthgen_live.js"
 KINDS = ("accuracy", "kernel")
@@ -47,11 +47,11 @@ _ids = itertools.count()
 
 
 def _fit_constants() -> dict:
-    """The layout rules of :func:`~lengthgen_utils.book.plots.fit_to_column` the page's script re-applies."""
-    return {"title_chars": plots.TITLE_CHARS, "legend_chars": plots.LEGEND_CHARS, "toolbar_px": plots.TOOLBAR_PX,
-            "title_line_px": plots.TITLE_LINE_PX, "legend_line_px": plots.LEGEND_LINE_PX,
-            "figure_height": plots.FIGURE_HEIGHT, "x_title_chars": plots.X_TITLE_CHARS,
-            "y_title_chars": plots.Y_TITLE_CHARS, "min_seeds": plots.MIN_SEEDS}
+    """The layout rules of :func:`~lengthgen_utils.book.render.fit_to_column` the page's script re-applies."""
+    return {"title_chars": render.TITLE_CHARS, "legend_chars": render.LEGEND_CHARS, "toolbar_px": render.TOOLBAR_PX,
+            "title_line_px": render.TITLE_LINE_PX, "legend_line_px": render.LEGEND_LINE_PX,
+            "figure_height": render.FIGURE_HEIGHT, "x_title_chars": render.X_TITLE_CHARS,
+            "y_title_chars": render.Y_TITLE_CHARS, "min_seeds": style.MIN_SEEDS}
 
 
 def _json_for_html(value) -> str:
@@ -67,7 +67,7 @@ class LivePanel:
 
     Attributes:
         kind: ``"accuracy"`` or ``"kernel"``.
-        figure: the static figure, as laid out for the page (:func:`~lengthgen_utils.book.plots.fit_to_column`).
+        figure: the static figure, as laid out for the page (:func:`~lengthgen_utils.book.render.fit_to_column`).
         config: the JSON configuration the page's script reads (controls, initial values, recipe, texts).
         html: the panel's HTML for the built book.
     """
@@ -76,7 +76,7 @@ class LivePanel:
         self.kind, self.figure, self.config, self.html = kind, figure, config, html_text
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        bundle = plots._bundle(self.figure)
+        bundle = render.bundle(self.figure)
         return {"text/html": self.html,
                 "application/vnd.plotly.v1+json": bundle["application/vnd.plotly.v1+json"],
                 "text/plain": f"<live panel ({self.kind}): {self.config['text']['static']}>"}
@@ -154,12 +154,12 @@ def live_panel(kind: str, initial_figure, controls, initial: dict, fixed: dict, 
         if initial[r["offset"]] > initial[r["train_len"]] - 2:
             raise ValueError(f"the initial setting makes no task: offset {initial[r['offset']]} > training length "
                              f"{initial[r['train_len']]} - 2")
-    figure = plots.fit_to_column(initial_figure)
-    layout = plots._plain(figure.get("layout", {}))
-    config = {"kind": kind, "controls": controls, "initial": dict(initial), "fixed": plots._plain(fixed),
+    figure = render.fit_to_column(initial_figure)
+    layout = sliders.plain(figure.get("layout", {}))
+    config = {"kind": kind, "controls": controls, "initial": dict(initial), "fixed": sliders.plain(fixed),
               "rules": rules, "text": dict(text), "fit": _fit_constants(), "layout": layout}
     panel_id = panel_id or f"lg-live-{next(_ids)}"
-    figure_html = plots._bundle(figure)["text/html"]
+    figure_html = render.bundle(figure)["text/html"]
     note = ("The sliders of this panel retrain the model in your browser and need JavaScript; without it the "
             "panel shows the figure computed when the book was built.")
     body = (f'<div class="lg-live" id="{html.escape(panel_id)}" data-kind="{kind}">'
@@ -237,7 +237,7 @@ def accuracy_panel(results: dict, n_seeds: int = 3, offsets=range(1, 16), train_
         cols = [r.experiment.length_multiples.index(m) for m in MULTIPLES]
         curves[pe] = ([r.lengths[c] for c in cols], r.accuracy[:n_seeds, cols].double().numpy())
     chance = exp.task.chance
-    figure = plots.accuracy_vs_length(curves, chance=chance, train_len=T, title=title)
+    figure = figures.accuracy_vs_length(curves, chance=chance, train_len=T, title=title)
     recipe = _experiment_recipe(exp)
     fixed = {**recipe, "encodings": ["rope", "ape"], "base": RoPE().base, "multiples": list(MULTIPLES),
              "chance": chance, "chance_text": f"chance = {chance:.3f}", "labels": {pe: r.experiment.pe.label for pe, r in results.items()},
@@ -321,7 +321,7 @@ def kernel_panel(model, offsets, lengths, accuracy, experiment, offset: int = 3,
     with the sweep's recipe (steps, batch, learning rate, lengths uniform in the sweep's shared
     ``[max(offsets) + 2, L_train]``) at the base and ``d_head`` of the sliders, evaluates them at
     ``lengths`` (512 sequences each) and draws the same figure
-    (:func:`~lengthgen_utils.book.plots.alias_kernel_figure`).
+    (:func:`~lengthgen_utils.book.ch04.alias_kernel_figure`).
 
     Args:
         model: a RoPE :class:`~lengthgen_utils.core.models.RetrievalHead` ensemble, one head per entry of ``offsets``.
@@ -368,7 +368,7 @@ def kernel_panel(model, offsets, lengths, accuracy, experiment, offset: int = 3,
     failures = first_failures(lengths, acc[rows].numpy())
     title = KERNEL_TITLE.format(base=_base_text(base), d_head=model.config.d_head, k=offset)
     y_range = (-12.0, 8.0)
-    figure = plots.alias_kernel_figure(report["relative"], report["aliases"], failures, report["candidates"],
+    figure = ch04.alias_kernel_figure(report["relative"], report["aliases"], failures, report["candidates"],
                                        report["pairs"], T, lengths[-1], title, y_range=y_range)
     min_train_len = experiment.min_train_len if experiment.min_train_len is not None else max(offsets) + 2
     recipe = _experiment_recipe(experiment)

@@ -2,7 +2,7 @@
 
 These panels need a kernel: in the static web book each chapter shows a
 plotly slider figure over precomputed sweeps instead (see
-:func:`lengthgen_utils.book.plots.slider_figure`). Open a chapter in Jupyter and run::
+:func:`lengthgen_utils.book.sliders.slider_figure`). Open a chapter in Jupyter and run::
 
     from .widgets import RetrievalExplorer
     RetrievalExplorer()
@@ -20,13 +20,13 @@ import time
 import ipywidgets as widgets
 
 from .._validate import check_int
-from ..book import plots
 from ..core.encodings import encoding_names, get_encoding
 from ..core.models import RetrievalHead
 from ..core.tasks import FixedOffsetRetrieval
 from ..run.evaluation import accuracy_by_length
 from ..run.profiles import Profile, get_profile
 from ..run.training import train
+from . import figures, render
 
 CHAPTER_1_ENCODINGS = ("rope", "ape", "nope")
 PE_CHOICES = (("RoPE, APE and NoPE", "all"),) + tuple((get_encoding(n).label, n) for n in encoding_names())
@@ -52,8 +52,8 @@ def eval_choices(train_len: int) -> tuple[int, ...]:
 
 def _figure_output(fig) -> dict:
     """A Jupyter ``display_data`` output holding plotly's JSON (what ``Output.outputs`` stores), strict JSON
-    (:func:`~lengthgen_utils.book.plots.strict_json`: NaN written as ``null``)."""
-    fig_dict = plots.strict_json(plots.fit_to_column(fig))
+    (:func:`~lengthgen_utils.book.render.strict_json`: NaN written as ``null``)."""
+    fig_dict = render.strict_json(render.fit_to_column(fig))
     return {"output_type": "display_data", "metadata": {},
             "data": {"application/vnd.plotly.v1+json": {"data": fig_dict["data"], "layout": fig_dict["layout"],
                                                         "config": {"responsive": True, "displaylogo": False}},
@@ -260,11 +260,11 @@ class RetrievalExplorer(widgets.VBox):
         curves = {pe: (lengths, accuracy_by_length(self._models[self._key(pe)], task, lengths,
                                                    n_samples=self.eval_samples).numpy())
                   for pe in self.pes}
-        self.figure = plots.accuracy_vs_length(
+        self.figure = figures.accuracy_vs_length(
             curves, chance=task.chance, train_len=train_len,
             title=f"Live: offset k = {offset}, training length {train_len}, {self.n_seeds} seeds "
                   "(line = mean, band = min..max)")
-        self.figure.update_layout(template=plots.BOOK_TEMPLATE)
+        self.figure.update_layout(template=render.BOOK_TEMPLATE)
         self.output.outputs = (_figure_output(self.figure),)
         self.status.value = f"Showing k = {offset}, training length {train_len}, evaluated up to " \
                             f"L = {lengths[-1]}" + (f"; {note}." if note else ".")

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
                          per_model_ints, per_model_rows)
-from ..run.seeding import generator
+from .seeding import generator
 from .attention import _causal_attention, _check_bias, attention_scores, causal_mask, check_attention, row_weights
 from .encodings import Encoding, RoPE, get_encoding
 from .rope import kernel_frequencies, rope_kernel_features

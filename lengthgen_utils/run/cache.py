@@ -364,7 +364,7 @@ def numeric_settings(device=None) -> dict:
     Each of them changes float rounding or precision without changing any configuration, so each is
     part of every cache key (a run under one setting is never served to a run under another):
 
-    * ``seed_base``: ``$LENGTHGEN_SEED`` (:mod:`~lengthgen_utils.run.seeding`): every random draw moves;
+    * ``seed_base``: ``$LENGTHGEN_SEED`` (:mod:`~lengthgen_utils.core.seeding`): every random draw moves;
     * ``cpu_capability``: the SIMD kernels torch dispatches to on the CPU (``AVX512``, ``AVX2``, ``DEFAULT``;
       ``$ATEN_CPU_CAPABILITY`` lowers it): vector widths change the order of reductions;
     * ``default_dtype``: ``torch.set_default_dtype``;
@@ -378,7 +378,7 @@ def numeric_settings(device=None) -> dict:
     Returns:
         a JSON-able dict.
     """
-    from .seeding import seed_base
+    from ..core.seeding import seed_base
     from .training import default_device
 
     device = torch.device(device) if device is not None else default_device()

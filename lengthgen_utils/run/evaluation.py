@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .._validate import check_int, check_int_sequence, check_nonempty, check_positive_float, per_model_ints
 from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
-from .seeding import generator
+from ..core.seeding import generator
 from .training import ensemble_squared_error, model_threads
 
 

@@ -101,7 +101,7 @@ class Profile:
 
     def __str__(self) -> str:
         """What a chapter prints in its first cell: the profile's compute, and the seed base this run uses."""
-        from .seeding import seed_base
+        from ..core.seeding import seed_base
 
         return (f"profile {self.name!r}: {self.n_seeds} seeds, {self.steps} steps of the single head (batch "
                 f"{self.batch_size}), {self.eval_samples} test sequences per length, offsets {self.offsets}; "
@@ -138,7 +138,7 @@ def get_profile(name: str | None = None) -> Profile:
         ValueError: the name is not one of ``quick``, ``default``, ``full``; ``$LENGTHGEN_SEED`` is set to
             something that is not an integer >= 0.
     """
-    from .seeding import seed_base
+    from ..core.seeding import seed_base
 
     name = name if name is not None else os.environ.get(PROFILE_ENV, "default")
     if name not in PROFILES:

@@ -18,7 +18,7 @@ from torch import Tensor
 from .._validate import check_device, check_fits, check_int, check_nonempty, check_positive_float, per_model_ints
 from ..core.models import KernelHead, Transformer
 from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
-from .seeding import generator
+from ..core.seeding import generator
 
 
 def default_device() -> torch.device:

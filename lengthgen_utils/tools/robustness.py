@@ -42,7 +42,7 @@ from typing import NamedTuple
 from ..book.scoreboard import CLAIMS_ENV, RUN_ENV
 from ..run.cache import CACHE_ENV, REPO_ROOT
 from ..run.profiles import PROFILE_ENV, PROFILES, get_profile
-from ..run.seeding import SEED_ENV
+from ..core.seeding import SEED_ENV
 from ..run.training import THREADS_ENV
 from .buildtime import execute, toc_notebooks
 

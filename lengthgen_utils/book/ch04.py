@@ -1,0 +1,353 @@
+"""Chapter 4, the carrier kernel: its figures (the kernels, the spectrum, the nulls, the aliases)."""
+from __future__ import annotations
+
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .._validate import check_int, per_model
+from .sliders import slider_figure
+from .style import PALETTE, SEED_COLORS
+
+
+def kernel_panel(offsets, kernel, target_offset: int, train_len: int, title: str, y_range=None) -> go.Figure:
+    """The offset kernel s(D) of every seed for one target offset k: one step of :func:`kernel_slider`.
+
+    Args:
+        offsets: ints D ``[n]`` (x axis, key position minus query position).
+        kernel: ``[n_seeds, n]`` logits in nats.
+        target_offset: k; a dashed line marks ``D = -k``.
+        train_len: the training length (the window ``-(train_len-1) <= D <= 0`` is shaded).
+        title: figure title.
+        y_range: ``[low, high]`` of the y axis (e.g. shared by every step of a slider); None fits the data.
+
+    Returns:
+        a plotly ``Figure`` with one trace per seed and the target line.
+
+    Raises:
+        ValueError: ``kernel`` is not ``[n_seeds, n]``.
+    """
+    x = np.asarray(offsets)
+    s = np.asarray(kernel, dtype=float)
+    if s.ndim != 2 or s.shape[1] != len(x):
+        raise ValueError(f"kernels[{target_offset}] must be [n_seeds, {len(x)}]; got {s.shape}")
+    data = [go.Scatter(x=x, y=row, mode="lines", name=f"seed {i}", line=dict(color=SEED_COLORS[i % 10], width=2),
+                       hovertemplate="D=%{x}: s=%{y:.2f} nats") for i, row in enumerate(s)]
+    data.append(go.Scatter(x=[-target_offset, -target_offset], y=[s.min(), s.max()], mode="lines",
+                           name=f"target D = -{target_offset}", line=dict(color="black", dash="dash", width=2)))
+    fig = go.Figure(data=data)
+    fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
+                  name="training window", showlegend=True)
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="relative position D = j − i (tokens)")
+    fig.update_yaxes(title="attention logit s(D) (nats)", range=None if y_range is None else list(y_range))
+    return fig
+
+
+def kernel_slider(offsets, kernels: dict, train_len: int, title: str) -> go.Figure:
+    """The offset kernel s(D) of every seed, one slider step per target offset k.
+
+    Each step is the stand-alone :func:`kernel_panel` of its offset; all share one y range, so the
+    steps can be compared by eye.
+
+    Args:
+        offsets: ints D ``[n]`` (x axis, key position minus query position).
+        kernels: ``{k: s [n_seeds, n]}`` logits in nats, one entry per target offset k.
+        train_len: the training length (the window ``-(train_len-1) <= D <= 0`` is shaded).
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure`` (:func:`slider_figure`) with one trace per seed, a marker at ``D = -k`` and a
+        slider over k.
+
+    Raises:
+        ValueError: ``kernels`` is empty or an array is not ``[n_seeds, n]``.
+    """
+    if not kernels:
+        raise ValueError("kernels must hold at least one offset")
+    x = np.asarray(offsets)
+    arrays = {}
+    for k, s in kernels.items():
+        s = np.asarray(s, dtype=float)
+        if s.ndim != 2 or s.shape[1] != len(x):
+            raise ValueError(f"kernels[{k}] must be [n_seeds, {len(x)}]; got {s.shape}")
+        arrays[k] = s
+    y_lo = min(s.min() for s in arrays.values())
+    y_hi = max(s.max() for s in arrays.values())
+    pad = 0.05 * (y_hi - y_lo)
+    y_range = [y_lo - pad, y_hi + pad]
+    return slider_figure({str(k): kernel_panel(x, s, k, train_len, title, y_range) for k, s in arrays.items()},
+                         "target offset k = ")
+
+
+def carrier_spectrum_figure(periods, amplitude, variation, title: str) -> go.Figure:
+    """Per-pair amplitude r_i and window variation v_i, mean over models with min..max error bars.
+
+    Args:
+        periods: ``[P]`` period of each pair, ``2 pi / theta_i`` (tokens).
+        amplitude, variation: ``[n_models, P]`` (nats).
+    """
+    periods = np.asarray(periods, dtype=float)
+    def compact(p):  # 63, 199, 2.0k, 20k: a period label that fits beside seven others on a phone
+        return f"{p:.0f}" if p < 1000 else f"{p / 1000:.1f}k" if p < 10_000 else f"{p / 1000:.0f}k"
+
+    labels = [f"{i}<br>{compact(p)}" for i, p in enumerate(periods)]
+    fig = go.Figure()
+    for name, arr, color in (("amplitude r_i", amplitude, "#1f77b4"), ("variation v_i over the training window", variation, "#ff7f0e")):
+        arr = np.asarray(arr, dtype=float)
+        mean = arr.mean(0)
+        fig.add_trace(go.Bar(x=labels, y=mean, name=f"{name} (mean of {arr.shape[0]})", marker_color=color,
+                             error_y=dict(type="data", symmetric=False, array=arr.max(0) - mean,
+                                          arrayminus=mean - arr.min(0))))
+    fig.update_layout(title=title, barmode="group")
+    fig.update_xaxes(title="frequency pair i and its period 2π/θ_i (tokens)")
+    fig.update_yaxes(title="nats")
+    return fig
+
+
+def reconstruction_figure(ranks, explained: dict, title: str) -> go.Figure:
+    """Fraction of the kernel's window variance kept by the top-r pairs, per offset (mean, min..max)."""
+    fig = go.Figure()
+    for i, (name, arr) in enumerate(explained.items()):
+        arr = np.asarray(arr, dtype=float)
+        mean = arr.mean(0)
+        fig.add_trace(go.Scatter(x=list(ranks), y=mean, mode="lines+markers", name=f"{name} (mean of {arr.shape[0]})",
+                                 line=dict(color=SEED_COLORS[i % 10]),
+                                 error_y=dict(type="data", symmetric=False, array=arr.max(0) - mean,
+                                              arrayminus=mean - arr.min(0))))
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="number of frequency pairs kept, r", dtick=1)
+    fig.update_yaxes(title="variance of s(D) explained in the window (fraction)", range=[0, 1.05])
+    return fig
+
+
+def _int_or_none(label: str, value):
+    return None if value is None else check_int(label, value)
+
+
+def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int, alias_search: int,
+                     title: str) -> go.Figure:
+    """First aliasing distance of each model against the first length at which its accuracy drops.
+
+    Censored values get their own row and column, so that "not seen" is never drawn as a number:
+    a head that never failed up to ``longest_tested`` sits in the row "> longest_tested", and a head
+    with no aliasing key within ``alias_search`` in the column "none up to alias_search"; each of
+    the four cases has its own marker.
+
+    Args:
+        alias_distance: per model, the distance d of the first near-peak key beyond the window (None: none found).
+        failure_length: per model, the first evaluated length with accuracy below threshold (None: never).
+        labels: per model hover label.
+        longest_tested: the longest evaluated length (tokens).
+        alias_search: the largest distance searched for an alias (tokens).
+
+    Raises:
+        ValueError / TypeError: ``alias_distance`` or ``failure_length`` does not hold one int or None per
+            label (the package's one per-model check), or a value lies beyond its search range.
+    """
+    n = len(labels)
+    alias_distance = per_model("alias_distance", alias_distance, n, _int_or_none, shared=False)
+    failure_length = per_model("failure_length", failure_length, n, _int_or_none, shared=False)
+    if any(a is not None and a > alias_search for a in alias_distance):
+        raise ValueError(f"alias_distance must be <= alias_search={alias_search} or None")
+    if any(f is not None and f > longest_tested for f in failure_length):
+        raise ValueError(f"failure_length must be <= longest_tested={longest_tested} or None")
+    x_none, y_none = 2 ** (int(np.ceil(np.log2(alias_search + 2))) + 1), 2 * longest_tested  # an octave clear of any alias
+    cases = {  # (alias found, failure seen): name, marker
+        (True, True): ("alias and failure both seen", "circle"),
+        (True, False): (f"no failure up to {longest_tested}", "triangle-up"),
+        (False, True): (f"no alias up to {alias_search}", "triangle-right"),
+        (False, False): ("neither", "diamond-open"),
+    }
+    fig = go.Figure(layout=dict(title=title))
+    for (has_alias, has_fail), (name, symbol) in cases.items():
+        rows = [i for i in range(n) if (alias_distance[i] is not None) == has_alias
+                and (failure_length[i] is not None) == has_fail]
+        if not rows:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[alias_distance[i] + 1 if has_alias else x_none for i in rows],
+            y=[failure_length[i] if has_fail else y_none for i in rows],
+            mode="markers", name=f"{name} ({len(rows)})", text=[labels[i] for i in rows],
+            marker=dict(size=11, symbol=symbol, color="#1f77b4", opacity=0.75, line=dict(width=1.5, color="#1f77b4")),
+            hovertemplate="%{text}<br>first length containing an alias: %{x}<br>first failing length: %{y}"))
+    fig.add_trace(go.Scatter(x=[16, longest_tested], y=[16, longest_tested], mode="lines",
+                             name="failure at the alias", line=dict(color="black", dash="dot")))
+    fig.update_layout(title=title)
+    x_ticks = [16 ** e for e in range(1, int(np.log2(x_none)) // 4 + 1) if 16 ** e < x_none / 2] + [x_none]
+    y_ticks = [2 ** e for e in range(4, int(np.log2(longest_tested)) + 1)] + [y_none]
+    fig.update_xaxes(title="first length with an aliasing key, d + 1 (tokens)", type="log", tickvals=x_ticks,
+                     ticktext=[str(t) for t in x_ticks[:-1]] + [f"none<br>≤ {alias_search}"], tickangle=0)
+    fig.update_yaxes(title="first length with accuracy < 0.95 (tokens)", type="log", tickvals=y_ticks,
+                     ticktext=[str(t) for t in y_ticks[:-1]] + [f"> {longest_tested}"])
+    return fig
+
+
+def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_len: int, longest_tested: int,
+                        title: str, tolerance: float = 1.0, y_range=(-12.0, 8.0)) -> go.Figure:
+    """A RoPE head's kernel over a long range, relative to its target, with the aliases the frequency set predicts.
+
+    One line per seed: ``s(-d) - s(-k)`` (nats) against the distance ``d = 1 .. n`` on a log axis; a key
+    above the dotted line ``-tolerance`` gets at least ``exp(-tolerance)`` of the target's weight (an
+    alias, :func:`~lengthgen_utils.analysis.kernel.first_alias_distance`). The candidate distances where the
+    seeds' dominant pairs recur (:func:`~lengthgen_utils.analysis.kernel.predicted_alias_distance`) are a rug of
+    ticks at the bottom; each seed's predicted first alias is a ring on its line (on the top edge when
+    higher), and its first failing length ``L`` (the first evaluated length with accuracy below 0.95) a cross at the top, at
+    ``d = L - 1``, the farthest key a sequence of that length holds. The live panel of chapter 4 draws
+    the same traces in the browser (``_static/lengthgen_live.js``, ``kernelFigure``).
+
+    Args:
+        relative: ``[n_seeds, n]`` float, column ``d - 1`` holding ``s(-d) - s(-k)`` (nats).
+        aliases: per seed, the predicted first alias distance (int) or None.
+        failures: per seed, the first failing length (int) or None (none up to ``longest_tested``).
+        candidates: candidate alias distances (ints in ``1 .. n``), increasing.
+        pairs: the dominant pair indices the candidates come from (named in the legend).
+        train_len: the training length (a dashed line at ``d = train_len - 1``, the window's edge).
+        longest_tested: the longest evaluated length (tokens).
+        title: figure title.
+        tolerance: nats below the target that count as an alias (> 0).
+        y_range: ``(low, high)`` of the y axis (nats): far keys can lie tens of nats above the target, and a
+            fixed range keeps the threshold readable (higher values leave the plot at its top edge).
+
+    Returns:
+        a plotly ``Figure``.
+
+    Raises:
+        ValueError / TypeError: ``relative`` is not 2-d, ``aliases`` or ``failures`` do not hold one int or
+            None per seed, a candidate lies outside ``1 .. n``, or ``train_len < 2``.
+    """
+    rel = np.asarray(relative, dtype=float)
+    if rel.ndim != 2 or rel.shape[1] < 2:
+        raise ValueError(f"relative must be [n_seeds, n >= 2]; got shape {rel.shape}")
+    n_seeds, n = rel.shape
+    aliases = per_model("aliases", aliases, n_seeds, _int_or_none, shared=False)
+    failures = per_model("failures", failures, n_seeds, _int_or_none, shared=False)
+    candidates = [check_int("candidates", c, minimum=1, maximum=n) for c in candidates]
+    train_len = check_int("train_len", train_len, minimum=2)
+    distances = np.arange(1, n + 1)
+    y_low, top = (float(v) for v in y_range)
+    if not y_low < -tolerance < top - 1:
+        raise ValueError(f"y_range must hold the threshold -tolerance = {-tolerance:g} with a nat to spare above; "
+                         f"got {y_range!r}")
+    fig = go.Figure()
+    for i, row in enumerate(rel):
+        color = SEED_COLORS[i % len(SEED_COLORS)]
+        alias, fail = aliases[i], failures[i]
+        said_alias = "no alias" if alias is None else f"alias {alias}"
+        said_fail = f"holds to {longest_tested}" if fail is None else f"fails at L = {fail}"
+        fig.add_trace(go.Scatter(x=distances, y=row, mode="lines", name=f"seed {i}: {said_alias}, {said_fail}",
+                                 line=dict(color=color, width=1.2), legendgroup=f"seed{i}",
+                                 hovertemplate="d=%{x}: %{y:.2f} nats<extra></extra>"))
+        if alias is not None:
+            fig.add_trace(go.Scatter(x=[alias], y=[min(float(row[alias - 1]), top - 1)], mode="markers",
+                                     showlegend=False,
+                                     legendgroup=f"seed{i}", marker=dict(color=color, size=11, symbol="circle-open",
+                                                                         line=dict(width=2.5)),
+                                     hovertemplate=f"first alias: d={alias}<extra></extra>"))
+        if fail is not None:
+            fig.add_trace(go.Scatter(x=[fail - 1], y=[top - 0.4], mode="markers", showlegend=False,
+                                     legendgroup=f"seed{i}", marker=dict(color=color, size=12, symbol="x-thin",
+                                                                         line=dict(width=3, color=color)),
+                                     hovertemplate=f"accuracy < 0.95 from L={fail}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=candidates, y=[y_low + 0.5] * len(candidates), mode="markers",
+                             name=f"candidate aliases (pairs {', '.join(str(p) for p in pairs)} recur)",
+                             marker=dict(color="#555", size=9, symbol="line-ns-open", line=dict(width=1)),
+                             hovertemplate="candidate d=%{x}<extra></extra>"))
+    fig.add_shape(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=-tolerance, y1=-tolerance,
+                  line=dict(color="black", dash="dot", width=1.5))
+    fig.add_shape(type="line", xref="x", x0=train_len - 1, x1=train_len - 1, yref="y domain", y0=0, y1=1,
+                  line=dict(color="gray", dash="dash", width=1))
+    fig.add_annotation(text=f"{tolerance:g} nat below the target", showarrow=False, xref="x domain", x=1,
+                       xanchor="right", yref="y", y=-tolerance, yanchor="top", bgcolor="rgba(255,255,255,0.7)")
+    fig.add_annotation(text="training<br>window", showarrow=False, xref="x", x=float(np.log10(train_len - 1)),
+                       xanchor="right", yref="y domain", y=1, yanchor="top", bgcolor="rgba(255,255,255,0.7)")
+    ticks = [4 ** e for e in range(int(np.log(n) / np.log(4)) + 1)]
+    fig.update_layout(title=title)
+    fig.update_xaxes(title="distance d = −D (tokens, log scale)", type="log", range=[0, float(np.log10(n))],
+                     tickvals=ticks, ticktext=[str(t) for t in ticks])
+    fig.update_yaxes(title="s(−d) − s(−k) (nats)", range=[y_low, top])
+    return fig
+
+
+# --- decisive evidence: nulls, aliases, regimes (chapters 4 and 5)
+def measure_vs_nulls(groups: dict, measure: str, title: str, y_title: str | None = None) -> go.Figure:
+    """One measure's distribution in trained heads and in each null, as box plots side by side.
+
+    Args:
+        groups: ``{group name: values [n]}`` in display order (e.g. trained heads first, then the nulls).
+        measure: the measure's name (axis title unless ``y_title`` is given).
+        title: figure title.
+
+    Returns:
+        a plotly ``Figure``: one box per group (median line, quartile box, whiskers to 1.5 IQR, outliers).
+
+    Raises:
+        ValueError: no groups, or an empty group.
+    """
+    if not groups:
+        raise ValueError("groups must hold at least one group")
+    fig = go.Figure()
+    for i, (name, values) in enumerate(groups.items()):
+        values = np.asarray(values, dtype=float).ravel()
+        if values.size == 0:
+            raise ValueError(f"group {name!r} is empty")
+        fig.add_trace(go.Box(y=values, name=f"{name}<br>n={values.size}", marker_color=PALETTE[i % 10],
+                             boxpoints="outliers" if values.size > 200 else "all", jitter=0.4, pointpos=0,
+                             marker=dict(size=4), line=dict(width=1.5)))
+    fig.update_layout(title=title, showlegend=False)
+    fig.update_yaxes(title=y_title or measure)
+    return fig
+
+
+def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_title: str, title: str,
+                     x_none: str | None = None, y_none: str | None = None, diagonal: str = "prediction = measurement",
+                     groups=None) -> go.Figure:
+    """A prediction against a measurement on log axes, where either may be "none up to a limit".
+
+    ``None`` in ``x`` (``y``) is drawn in a column (row) of its own beyond ``x_limit`` (``y_limit``),
+    labelled ``x_none`` (``y_none``), so that "not seen" is never drawn as a number.
+
+    Args:
+        x, y: per model, a positive number or None.
+        labels: per model hover text.
+        x_limit, y_limit: the largest value that could have been seen on each axis.
+        x_title, y_title, title: axis and figure titles.
+        x_none, y_none: tick text of the censored column / row (default ``"none ≤ limit"``).
+        diagonal: legend text of the dotted ``y = x`` line.
+        groups: optional per-model group names (one colour and legend entry each).
+
+    Raises:
+        ValueError: lengths differ, or a value lies beyond its limit.
+    """
+    n = len(labels)
+    if len(x) != n or len(y) != n:
+        raise ValueError(f"x, y and labels must have one entry per model; got {len(x)}, {len(y)}, {n}")
+    if any(v is not None and v > x_limit for v in x) or any(v is not None and v > y_limit for v in y):
+        raise ValueError(f"x values must be <= x_limit={x_limit} and y values <= y_limit={y_limit}, or None")
+    groups = ["heads"] * n if groups is None else list(groups)
+    x_cens, y_cens = 2 ** (int(np.ceil(np.log2(x_limit))) + 1), 2 ** (int(np.ceil(np.log2(y_limit))) + 1)
+    fig = go.Figure()
+    for gi, group in enumerate(dict.fromkeys(groups)):
+        rows = [i for i in range(n) if groups[i] == group]
+        fig.add_trace(go.Scatter(
+            x=[x[i] if x[i] is not None else x_cens for i in rows], y=[y[i] if y[i] is not None else y_cens for i in rows],
+            mode="markers", name=f"{group} ({len(rows)})", text=[labels[i] for i in rows],
+            marker=dict(size=10, color=PALETTE[gi % 10], opacity=0.7, line=dict(width=1, color="white")),
+            hovertemplate="%{text}<br>x: %{x}<br>y: %{y}<extra></extra>"))
+    low = 8
+    fig.add_trace(go.Scatter(x=[low, max(x_cens, y_cens)], y=[low, max(x_cens, y_cens)], mode="lines", name=diagonal,
+                             line=dict(color="black", dash="dot")))
+    fig.update_layout(title=title)
+
+    def ticks(limit, cens, none, step=2, first=low):
+        vals = [2 ** e for e in range(3, int(np.log2(cens))) if first <= 2 ** e <= limit][::step] + [cens]
+        return vals, [str(v) for v in vals[:-1]] + [none or f"none ≤ {limit}"]
+
+    # x labels sit side by side: over more than 10 octaves label every 16x, so that they fit a phone
+    xv, xt = ticks(x_limit, x_cens, x_none, step=4 if np.log2(x_cens / low) > 10 else 2)
+    yv, yt = ticks(y_limit, y_cens, y_none, first=4 * low)  # the corner holds the x axis's first label
+    # room right of the censored column for half its label (plotly hides a tick label that passes the figure)
+    fig.update_xaxes(title=x_title, type="log", tickvals=xv, ticktext=xt, tickangle=0,
+                     range=[np.log10(low), np.log10(x_cens) + 0.35])
+    fig.update_yaxes(title=y_title, type="log", tickvals=yv, ticktext=yt, range=[np.log10(low), np.log10(y_cens) + 0.15])
+    return fig
