@@ -548,7 +548,7 @@ SHARED_TASK = [
 ]
 # Arguments with a per-model-sounding name that hold one value by design, and why.
 ONE_VALUE = {
-    "offset": {"configs.RetrievalExperiment", "configs.RetrievalSweep.experiment", "tasks.FixedOffsetRetrieval",
+    "offset": {"configs.RetrievalExperiment", "configs.RetrievalSweep.experiment", "tasks.FixedOffsetRetrieval", "tasks.query_task",
                "probes.argmax_placement", "ch09.placement", "zoo.run_retrieval_zoo", "ch09.offset_margin_profiles", "tasks.DelayedCopy",
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",

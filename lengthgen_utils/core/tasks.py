@@ -17,7 +17,11 @@ hold:
   single-head model of chapters 1-6.
 
 Adding a task is one class here that implements ``_targets_at`` (and, if its
-tokens are not i.i.d. uniform content, ``_sample_tokens``). The settings are the
+tokens are not i.i.d. uniform content, ``_sample_tokens``). A query-only task
+built from ``(vocab_size, offset)`` also reaches the single-head experiments of
+chapters 1-6 once it is registered under a name with
+:func:`register_query_task`; the experiments name it in their ``task`` field
+(:func:`query_task` builds it). The settings are the
 book's reconstruction of the paper's tasks (arXiv 2607.18759; only its abstract
 is available): chapter 1 (fixed-offset retrieval) and chapter 7 (full-sequence tasks).
 """
@@ -146,6 +150,44 @@ def _ignored_like(tokens: Tensor) -> Tensor:
     return torch.full_like(tokens, IGNORE_INDEX)
 
 
+QUERY_TASKS: dict[str, type] = {}  # name -> query-only task class built as cls(vocab_size, offset)
+
+
+def register_query_task(name: str):
+    """Class decorator: make a query-only task reachable by ``name`` from the single-head experiments.
+
+    The class must be a :class:`Task` with ``query_only = True`` whose constructor takes
+    ``(vocab_size, offset)``.
+
+    Raises:
+        TypeError: the class is not a query-only :class:`Task`.
+        ValueError: ``name`` is already registered to another class.
+    """
+    def decorate(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Task) and cls.query_only):
+            raise TypeError(f"register_query_task({name!r}) needs a query-only Task class; got {cls!r}")
+        if QUERY_TASKS.get(name, cls) is not cls:
+            raise ValueError(f"task name {name!r} is already registered to {QUERY_TASKS[name].__name__}")
+        QUERY_TASKS[name] = cls
+        return cls
+
+    return decorate
+
+
+def query_task(name: str, vocab_size: int, offset: int) -> "Task":
+    """The registered query-only task ``name`` with ``vocab_size`` content tokens and offset ``offset``.
+
+    Raises:
+        ValueError: ``name`` is not registered (the message lists the names that are), or the
+            task rejects ``vocab_size`` / ``offset``.
+    """
+    if name not in QUERY_TASKS:
+        raise ValueError(f"task must be one of the registered query-only tasks {sorted(QUERY_TASKS)}; "
+                         f"got {name!r}")
+    return QUERY_TASKS[name](vocab_size, offset)
+
+
+@register_query_task("fixed-offset")
 @dataclass(frozen=True)
 class FixedOffsetRetrieval(Task):
     """Retrieve the token ``offset`` positions before a final query token (chapters 1-6).

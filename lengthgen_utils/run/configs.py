@@ -19,7 +19,7 @@ from .._validate import (check_fits, check_float_sequence, check_int, check_int_
                          normalize_numbers, normalize_sequence)
 from ..core.attention import check_attention
 from ..core.encodings import Encoding, RoPE, get_encoding
-from ..core.tasks import DelayedCopy, FixedOffsetRetrieval, Task
+from ..core.tasks import QUERY_TASKS, DelayedCopy, Task, query_task
 from .profiles import Profile
 
 
@@ -69,6 +69,9 @@ class SingleHeadSettings(TrainingSettings):
         length_multiples: evaluation lengths are ``train_len`` times each.
         max_len: positions the encoding covers (rows of an APE table); ``None`` = the longest evaluation length.
         min_train_len: shortest training length; ``None`` = the (largest) offset + 2.
+        task_family: the name of a query-only task registered in :mod:`~lengthgen_utils.core.tasks`
+            (:func:`~lengthgen_utils.core.tasks.register_query_task`), built as ``(vocab_size, offset)``
+            for each offset; ``"fixed-offset"`` is :class:`~lengthgen_utils.core.tasks.FixedOffsetRetrieval`.
     """
 
     vocab_size: int = 16
@@ -79,6 +82,7 @@ class SingleHeadSettings(TrainingSettings):
     length_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_len: int | None = None
     min_train_len: int | None = None
+    task_family: str = "fixed-offset"
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
@@ -88,6 +92,12 @@ class SingleHeadSettings(TrainingSettings):
         """Raise ``ValueError``/``TypeError`` naming the first bad field (called by the subclasses' ``__post_init__``)."""
         check_int("train_len", self.train_len, minimum=largest_offset + 2)
         self._check_training(vocab_size=2, d_model=1, d_head=2)
+        if not isinstance(self.task_family, str):
+            raise TypeError(f"task_family must be a task name (str), one of {sorted(QUERY_TASKS)}; "
+                            f"got {type(self.task_family).__name__} {self.task_family!r}")
+        if self.task_family not in QUERY_TASKS:
+            raise ValueError(f"task_family must be one of the registered query-only tasks {sorted(QUERY_TASKS)}; "
+                             f"got {self.task_family!r}")
         if not isinstance(self.fixed_length, bool):
             raise TypeError(f"fixed_length must be a bool; got {self.fixed_length!r}")
         normalize_sequence(self, "length_multiples", minimum=1)
@@ -135,8 +145,9 @@ class RetrievalExperiment(SingleHeadSettings):
         return cls(**{**cls._profile_overrides(profile), **overrides})
 
     @property
-    def task(self) -> FixedOffsetRetrieval:
-        return FixedOffsetRetrieval(self.vocab_size, self.offset)
+    def task(self) -> Task:
+        """The experiment's task: ``task_family`` built with ``(vocab_size, offset)``."""
+        return query_task(self.task_family, self.vocab_size, self.offset)
 
 
 class _OffsetMajorEnsemble:
@@ -150,9 +161,9 @@ class _OffsetMajorEnsemble:
         return len(self.offsets) * self.n_seeds
 
     @property
-    def tasks(self) -> list[FixedOffsetRetrieval]:
-        """One task per model of an ensemble, offset-major."""
-        return [FixedOffsetRetrieval(self.vocab_size, k) for k in self.offsets for _ in range(self.n_seeds)]
+    def tasks(self) -> list[Task]:
+        """One task per model of an ensemble, offset-major (``task_family`` built at each offset)."""
+        return [query_task(self.task_family, self.vocab_size, k) for k in self.offsets for _ in range(self.n_seeds)]
 
     @property
     def seeds(self) -> list[int]:
