@@ -1,5 +1,4 @@
 """Tests for chapters 4 and 5: the offset kernel, carrier measures and the dilution law."""
-import math
 
 import pytest
 import torch
@@ -112,8 +111,6 @@ def test_bad_inputs_raise():
         analysis.kernel_at(RetrievalHead(), torch.tensor([0.5]))
     with pytest.raises(ValueError, match="must lie in"):
         theory.exact_target_mass(torch.zeros(1, 10), 3, [11])
-    with pytest.raises(ValueError, match="rho must be a finite number > 0"):
-        theory.mean_field_target_mass([10], 1.0, 0.0)
 
 
 def test_exact_mass_equals_model_attention_and_ratio():
@@ -128,13 +125,9 @@ def test_exact_mass_equals_model_attention_and_ratio():
 
 
 def test_mean_field_law_values():
-    p = theory.mean_field_target_mass([10, 2], 1.0, 0.5)
-    torch.testing.assert_close(p, torch.tensor([[1 / (1 + 8 * 0.5 * math.exp(-1)), 1.0]], dtype=torch.float64))
     model = RetrievalHead(n_models=2, pe=RoPE(base=100.0))
     kernel = analysis.offset_kernel(model, 64)
     m, rho = theory.mean_field_parameters(kernel, 3, 16)
-    # exact at the training length by construction
-    torch.testing.assert_close(theory.mean_field_target_mass([16], m, rho), theory.exact_target_mass(kernel, 3, [16]))
     assert (rho <= 1).all() and (rho > 0).all()
 
 
@@ -144,17 +137,11 @@ def test_critical_target_mass_and_length():
     # mu = (1, 1.5); y=0, c=1: g = 1, h = -0.5 -> p* = 0.5 / 1.5 = 1/3; y=1, c=0: h = 0.5 > 0 -> 0
     assert theory.critical_target_mass(t).item() == pytest.approx(1 / 3)
     assert theory.critical_target_mass(torch.eye(4)[None] * 3).item() == 0.0
-    assert theory.critical_length(torch.tensor(1 / 3), torch.tensor(0.0), torch.tensor(1.0)).item() == pytest.approx(4.0)
     with pytest.raises(ValueError, match=r"\[M, V, V\]"):
         theory.critical_target_mass(torch.ones(2, 3))
 
 
-def test_linear_fit_and_scale():
-    x = torch.arange(10.0)
-    slope, intercept, r2 = theory.linear_fit(x, torch.stack([3 * x + 1, x ** 2]))
-    torch.testing.assert_close(slope[0].item(), 3.0)
-    torch.testing.assert_close(intercept[0].item(), 1.0)
-    assert r2[0].item() == pytest.approx(1.0) and 0.9 < r2[1].item() < 0.97
+def test_log_length_scale():
     assert theory.log_length_scale([16, 256], 16) == pytest.approx([1.0, 2.0])
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lengthgen_utils.analysis import theory as th
-from lengthgen_utils.run.configs import SPREAD_FREQUENCIES, RetrievalExperiment
+from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.evaluation import squared_error_by_length
 from lengthgen_utils.analysis.kernel import factorized_kernel
 from lengthgen_utils.core.models import KernelHead, RetrievalHead
@@ -17,6 +17,9 @@ from lengthgen_utils.core.tasks import FixedOffsetRetrieval
 from lengthgen_utils.run.training import train_squared_loss
 
 TASK = FixedOffsetRetrieval(16, 3)
+SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
+"""Eight frequencies spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are well
+conditioned on 15 training offsets, for the exact min-norm test."""
 T = th.trained_relative_positions(16, 3)
 
 

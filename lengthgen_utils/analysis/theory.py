@@ -16,8 +16,13 @@ import math
 import torch
 from torch import Tensor
 
-from .._validate import (check_int, check_int_sequence, check_nonempty, check_positive_float, n_per_model,
-                         per_model_floats, per_model_ints)
+from .._validate import (
+    check_int,
+    check_int_sequence,
+    check_nonempty,
+    check_positive_float,
+    per_model_ints,
+)
 from ..core.rope import check_relative_positions, rope_kernel_features
 
 # --- dilution (chapter 5)
@@ -67,34 +72,6 @@ def exact_target_mass(kernel: Tensor, offset, lengths, logit_scale=None) -> Tens
             raise ValueError(f"lengths[{col}]={seq_len} must lie in [{int(ks.max()) + 2}, {n}] (kernel has {n} columns)")
         out[:, col] = (c * kernel[:, n - seq_len:]).softmax(-1)[torch.arange(m), seq_len - 1 - ks]
     return out
-
-
-def mean_field_target_mass(lengths, margin, rho) -> Tensor:
-    """The mean-field dilution law ``p(L) = 1 / (1 + (L - 2) rho exp(-margin))``.
-
-    ``L - 2`` distractors (every key but the target and the query) each get,
-    on average, ``rho exp(-margin)`` of the target's weight. Then
-    ``1/p - 1 = (L - 2) rho exp(-margin)`` is linear in L.
-
-    Args:
-        lengths: sequence lengths ``[n]`` (ints >= 2).
-        margin: ``[M]`` or float, nats (target logit minus the largest distractor logit).
-        rho: ``[M]`` or float > 0, mean distractor weight relative to the largest one.
-
-    Returns:
-        float64 ``[M, n]`` (or ``[1, n]`` for scalar parameters).
-
-    Raises:
-        ValueError / TypeError: ``margin`` and ``rho`` hold different numbers of models (each is one
-            number or M, the package's one per-model check), a non-finite value, or ``rho <= 0``.
-
-    Source: the abstract's attention-dilution law, in the book's reconstruction (chapter 5).
-    """
-    lengths = torch.tensor(check_int_sequence("lengths", lengths, minimum=2), dtype=torch.float64)
-    m = n_per_model("number", margin=margin, rho=rho)
-    margin = torch.tensor(per_model_floats("margin", margin, m), dtype=torch.float64)[:, None]
-    rho = torch.tensor(per_model_floats("rho", rho, m, positive=True), dtype=torch.float64)[:, None]
-    return 1.0 / (1.0 + (lengths[None, :] - 2) * rho * torch.exp(-margin))
 
 
 def mean_field_parameters(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, Tensor]:
@@ -173,26 +150,6 @@ def critical_target_mass(value_table: Tensor, undefined: str = "raise") -> Tenso
     return ratio.flatten(1).max(1).values.masked_fill(bad, float("nan"))
 
 
-def critical_length(p_star: Tensor, margin: Tensor, rho: Tensor) -> Tensor:
-    """Length at which the mean-field law reaches ``p*``: ``L* = 2 + (1/p* - 1) e^m / rho``.
-
-    Each argument is one number or M numbers, one per model (the package's one per-model check).
-
-    Returns float64 ``[M]`` (``inf`` where ``p* = 0``: the mean-field readout never errs).
-
-    Raises:
-        ValueError / TypeError: the arguments hold different numbers of models, a non-finite value,
-            ``p*`` outside ``[0, 1]`` or ``rho <= 0``.
-    """
-    m = n_per_model("number", p_star=p_star, margin=margin, rho=rho)
-    p_star = torch.tensor(per_model_floats("p_star", p_star, m), dtype=torch.float64)
-    margin = torch.tensor(per_model_floats("margin", margin, m), dtype=torch.float64)
-    rho = torch.tensor(per_model_floats("rho", rho, m, positive=True), dtype=torch.float64)
-    if ((p_star < 0) | (p_star > 1)).any():
-        raise ValueError(f"p_star must lie in [0, 1]; got p_star={p_star.tolist()}")
-    return 2 + (1 / p_star - 1) * torch.exp(margin) / rho
-
-
 def log_length_scale(lengths, train_len: int) -> list[float]:
     """Length-aware logit scale ``c_L = log L / log train_len`` (1 at the training length).
 
@@ -223,38 +180,6 @@ def distractor_ratio(kernel: Tensor, offset) -> Tensor:
     weights = torch.exp(by_distance - by_distance[rows, ks][:, None])
     weights[rows, ks] = 0.0
     return weights.cumsum(1)
-
-
-def linear_fit(x, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Least-squares line ``y ~ a x + b`` per row, with its coefficient of determination.
-
-    Args:
-        x: ``[n]`` abscissae (e.g. lengths), at least 3 distinct values.
-        y: ``[M, n]`` values.
-
-    Returns:
-        ``(slope [M], intercept [M], r2 [M])`` float64; ``r2 = 1 - SS_res / SS_tot``.
-
-    Raises:
-        ValueError: shapes differ, fewer than 3 points, or a row of ``y`` is constant.
-    """
-    x = torch.as_tensor(x, dtype=torch.float64)
-    y = torch.as_tensor(y, dtype=torch.float64)
-    if y.dim() != 2 or x.dim() != 1 or y.shape[1] != x.shape[0] or x.shape[0] < 3:
-        raise ValueError(f"need x [n >= 3] and y [M, n]; got x {tuple(x.shape)}, y {tuple(y.shape)}")
-    check_nonempty("y", y, "[M >= 1, n]")
-    if bool((x == x[0]).all()):
-        raise ValueError(f"x must hold at least 2 distinct values (the slope divides by their spread); "
-                         f"got {x.tolist()}")
-    xc = x - x.mean()
-    yc = y - y.mean(1, keepdim=True)
-    ss_tot = (yc ** 2).sum(1)
-    if (ss_tot == 0).any():
-        raise ValueError("a row of y is constant: R^2 is undefined")
-    slope = (yc * xc).sum(1) / (xc ** 2).sum()
-    intercept = y.mean(1) - slope * x.mean()
-    resid = y - (slope[:, None] * x[None, :] + intercept[:, None])
-    return slope, intercept, 1 - (resid ** 2).sum(1) / ss_tot
 
 
 # --- the frequency set: orbits, near-recurrences and the long-run dilution law (chapters 4 and 5)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-import torch
 
 from .._validate import (check_fits, check_float_sequence, check_int, check_int_sequence, check_positive_float,
                          normalize_numbers, normalize_sequence)
@@ -332,10 +331,6 @@ class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
 
 
 
-SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
-"""Eight frequencies evenly spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are
-well conditioned on 15 training offsets (condition number about 2), for the exact min-norm demonstration."""
-
 
 @dataclass(frozen=True)
 class KernelHeadConfig:
@@ -440,8 +435,8 @@ MARGIN_CONTROLS = ("steps", "weight decay", "temperature")
 
 
 def margin_sweep(profile: Profile, control: str, offsets=(1, 2, 3, 5)) -> SnapshotSweep:
-    """Chapter 5's runs that move the margin, each one training with snapshots (the base is swept by
-    :func:`rope_base_sweep`).
+    """Chapter 5's runs that move the margin, each one training with snapshots (the RoPE base is
+    swept separately, by :func:`rope_base_experiment`).
 
     * ``"steps"``: learning rate 1e-3, snapshots after 100, 200 and 400 steps (small margins);
     * ``"weight decay"``: AdamW weight decay 1.0 at chapter 1's learning rate, 2000 steps in every
