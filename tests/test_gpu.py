@@ -22,6 +22,7 @@ from lengthgen_utils.run import cache as lg_cache
 from lengthgen_utils.run import configs, runners
 from lengthgen_utils.run.cache import cache_description
 from lengthgen_utils.run.evaluation import accuracy_by_length, token_accuracy_by_position
+from lengthgen_utils.core.fast import FastTransformer
 from lengthgen_utils.core.models import KernelHead, LinearRNN, RetrievalHead, Transformer
 from lengthgen_utils.core.rope import apply_rope
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
@@ -73,12 +74,13 @@ def test_kernel_head_per_model_streams_train_alike_on_both_devices():
     _close(cs[DEVICE], cs["cpu"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("cls", [FastTransformer, Transformer], ids=["fast", "readable"])
 @pytest.mark.parametrize("pe", ["rope", "ape"])
-def test_transformer_trains_alike_on_both_devices(pe):
+def test_transformer_trains_alike_on_both_devices(pe, cls):
     task = DelayedCopy(8, 3)
     runs = {}
     for device in ("cpu", DEVICE):
-        model = Transformer(8, 2, 2, 32, pe, max_len=64, n_models=2)
+        model = cls(8, 2, 2, 32, pe, max_len=64, n_models=2)
         history = train_sequence(model, task, steps=30, batch_size=16, lr=3e-3, train_len=16, device=device,
                                  progress=False)
         acc, _ = token_accuracy_by_position(model, task, 32, n_samples=64)

@@ -184,22 +184,24 @@ def test_cpu_threads_restores_the_setting(monkeypatch):
 
 def _threads_seen(model, run) -> set:
     """The intra-op thread counts in force whenever ``model`` computes (its forward passes, and the
-    transformer's block loop, which head_scores runs without forward) while ``run()`` executes."""
+    transformers' block loops, ``_layers`` of the readable one and ``_run`` of the fast one, which head_scores
+    runs without forward) while ``run()`` executes."""
     seen = set()
     handle = model.register_forward_pre_hook(lambda *_: seen.add(torch.get_num_threads()))
-    if hasattr(model, "_run"):
-        inner = model._run
+    loop = "_run" if hasattr(model, "_run") else "_layers" if hasattr(model, "_layers") else None
+    if loop is not None:
+        inner = getattr(model, loop)
 
         def recording_run(*args, **kwargs):
             seen.add(torch.get_num_threads())
             return inner(*args, **kwargs)
 
-        model._run = recording_run
+        setattr(model, loop, recording_run)
     try:
         run()
     finally:
         handle.remove()
-        model.__dict__.pop("_run", None)
+        model.__dict__.pop(loop, None)
     return seen
 
 
@@ -229,14 +231,18 @@ def test_training_and_evaluation_of_each_model_use_its_paths_thread_count(monkey
     assert _threads_seen(kernel, lambda: train_squared_loss(kernel, task, steps=2, batch_size=8,
                                                             device="cpu")) == {want_head}
     assert _threads_seen(kernel, lambda: squared_error_by_length(kernel, task, [16], n_samples=8)) == {want_head}
-    model, copy = Transformer(16, 1, 2, 16, n_models=2), DelayedCopy(16, 2)
-    assert _threads_seen(model, lambda: train_sequence(model, copy, steps=2, batch_size=4, train_len=8,
-                                                       device="cpu")) == {want_transformer}
-    assert _threads_seen(model, lambda: token_accuracy_by_position(model, copy, 16, n_samples=4)) == {want_transformer}
     from lengthgen_utils.analysis.probes import head_offset_profiles, shift_invariance
+    from lengthgen_utils.core.fast import FastTransformer
+
+    copy = DelayedCopy(16, 2)
     tokens, _ = copy.sample(2, 16, torch.Generator().manual_seed(0))
-    assert _threads_seen(model, lambda: shift_invariance(model, tokens, (1, 7))) == {want_transformer}
-    assert _threads_seen(model, lambda: head_offset_profiles(model, copy, 16, n_samples=2)) == {want_transformer}
+    for model in (FastTransformer(16, 1, 2, 16, n_models=2), Transformer(16, 1, 2, 16, n_models=2)):
+        assert _threads_seen(model, lambda: train_sequence(model, copy, steps=2, batch_size=4, train_len=8,
+                                                           device="cpu")) == {want_transformer}
+        assert _threads_seen(model, lambda: token_accuracy_by_position(model, copy, 16,
+                                                                       n_samples=4)) == {want_transformer}
+        assert _threads_seen(model, lambda: shift_invariance(model, tokens, (1, 7))) == {want_transformer}
+        assert _threads_seen(model, lambda: head_offset_profiles(model, copy, 16, n_samples=2)) == {want_transformer}
     assert torch.get_num_threads() == before
 
 
@@ -537,9 +543,10 @@ def test_benchmark_smoke(capsys):
 def test_benchmark_peers_are_the_package_model():
     """The benchmark's plain model, given the package model's weights, computes the same logits (the peers
     train the same function, so their speed is comparable)."""
+    from lengthgen_utils.core.fast import FastTransformer
     from lengthgen_utils.tools import bench
 
-    model = Transformer(16, 2, 4, 64, "rope", max_len=32, n_models=2)
+    model = FastTransformer(16, 2, 4, 64, "rope", max_len=32, n_models=2)
     tokens, _ = bench.tf_batches(1)[0]
     with torch.no_grad():
         for i in range(2):

@@ -30,6 +30,7 @@ from lengthgen_utils.core import attention, encodings, models, rope, tasks
 from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, training
 from lengthgen_utils.analysis import kernel, probes, theory
 from lengthgen_utils.book import ch03, ch04, ch05, figures, sliders
+from lengthgen_utils.core.fast import FastTransformer
 from lengthgen_utils.core.models import KernelHead, RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import LearnedAPE
 from lengthgen_utils.book import widgets as widgets_module
@@ -93,6 +94,8 @@ def _model(kind, pe="rope", attention_kind="softmax"):
         return RetrievalHead(pe=pe, attention=attention_kind, n_models=2, max_len=512, seeds=[3, 4])
     if kind == "kernel":
         return KernelHead(n_models=2, seeds=[3, 4], init_std=1.0)
+    if kind == "fast":
+        return FastTransformer(16, 2, 2, 32, pe, max_len=256, n_models=2, seeds=[3, 4])
     return Transformer(16, 2, 2, 32, pe, max_len=256, n_models=2, seeds=[3, 4])
 
 
@@ -152,13 +155,17 @@ LOW_PRECISION_CASES = [
     ("models.Transformer.forward (rope, weights)", lambda: (_model("transformer"),),
      lambda m: m(TOKENS, return_attention=True)),
     ("models.Transformer.head_scores (rope)", lambda: (_model("transformer"),), lambda m: m.head_scores(TOKENS)),
+    ("fast.FastTransformer.forward (rope, weights)", lambda: (_model("fast"),),
+     lambda m: m(TOKENS, return_attention=True)),
+    ("fast.FastTransformer.head_scores (rope)", lambda: (_model("fast"),), lambda m: m.head_scores(TOKENS)),
     ("probes.head_offset_profiles", lambda: (_model("transformer"),),
      lambda m: probes.head_offset_profiles(m, DelayedCopy(16, 2), 24, n_samples=4)),
 ]
 for _pe in ("ape", "nope", "alibi"):
-    LOW_PRECISION_CASES.append((f"models.Transformer.forward ({_pe}, weights)",
-                                lambda pe=_pe: (_model("transformer", pe),),
-                                lambda m: m(TOKENS, return_attention=True)))
+    for _kind, _name in (("transformer", "models.Transformer"), ("fast", "fast.FastTransformer")):
+        LOW_PRECISION_CASES.append((f"{_name}.forward ({_pe}, weights)",
+                                    lambda pe=_pe, kind=_kind: (_model(kind, pe),),
+                                    lambda m: m(TOKENS, return_attention=True)))
 for _pe in ("rope", "ape", "nope", "alibi"):
     for _att in ("softmax", "linear"):
         LOW_PRECISION_CASES += [
@@ -493,6 +500,7 @@ PER_MODEL = [
     ("models.RetrievalHead", "seeds", lambda v: RetrievalHead(n_models=M, seeds=v), [4, 5, 6]),
     ("models.KernelHead", "seeds", lambda v: KernelHead(n_models=M, seeds=v), [4, 5, 6]),
     ("models.Transformer", "seeds", lambda v: Transformer(16, 1, 2, 16, n_models=M, seeds=v), [4, 5, 6]),
+    ("fast.FastTransformer", "seeds", lambda v: FastTransformer(16, 1, 2, 16, n_models=M, seeds=v), [4, 5, 6]),
     ("models.readout", "weights",
      lambda v: models.readout(torch.as_tensor(v, dtype=torch.float32)[:, None].expand(-1, 4),
                               torch.zeros(2, 4, dtype=torch.long), torch.ones(M, 17, 16)), [0.1, 0.2, 0.3]),
@@ -544,7 +552,8 @@ ONE_VALUE = {
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
              "probes.copy_head_placement"},  # one experiment / the check itself: one task
-    "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
+    "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "fast.FastTransformer.forward",
+               "fast.FastTransformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
                "tasks.batch_targets", "tasks.query_targets",
                "bench.PlainGPT.forward"},  # [B, L] shared by every model (the benchmark's peer: one model)
     "weights": {"kernel.participation_ratio", "kernel.alignment"},  # any non-negative weights, no model dimension assumed

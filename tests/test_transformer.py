@@ -6,6 +6,7 @@ import torch
 from lengthgen_utils.core.attention import causal_attention
 from lengthgen_utils.run.configs import TransformerExperiment
 from lengthgen_utils.run.evaluation import split_accuracy, token_accuracy_by_position
+from lengthgen_utils.core.fast import FastTransformer
 from lengthgen_utils.core.models import Transformer
 from lengthgen_utils.analysis.probes import head_offset_profiles, shift_invariance
 from lengthgen_utils.core.tasks import IGNORE_INDEX, Copy, DelayedCopy, LaggedSum, RunningParity
@@ -14,6 +15,10 @@ from lengthgen_utils.run.training import sequence_cross_entropy, train_sequence
 
 def gen(seed=0):
     return torch.Generator().manual_seed(seed)
+
+
+BOTH = pytest.mark.parametrize("cls", [Transformer, FastTransformer], ids=["readable", "fast"])
+"""The readable transformer and the batched one the book trains: each behaviour below holds for both."""
 
 
 # ---------------------------------------------------------------- tasks
@@ -77,9 +82,10 @@ def test_fused_and_explicit_causal_attention_agree_and_are_causal():
     torch.testing.assert_close(explicit[..., 0, :], v[..., 0, :])  # output 0 is value 0
 
 
+@BOTH
 @pytest.mark.parametrize("pe", ["rope", "ape", "nope"])
-def test_transformer_is_causal(pe):
-    model = Transformer(16, 2, 4, 32, pe, max_len=16, n_models=2)
+def test_transformer_is_causal(pe, cls):
+    model = cls(16, 2, 4, 32, pe, max_len=16, n_models=2)
     tokens, _ = DelayedCopy(16, 2).sample(3, 10, gen())
     changed = tokens.clone()
     changed[:, 6] = (changed[:, 6] + 1) % 16
@@ -89,31 +95,34 @@ def test_transformer_is_causal(pe):
     assert (a[:, :, 6:] - b[:, :, 6:]).abs().max() > 1e-4
 
 
-def test_rope_transformer_is_shift_invariant_and_ape_is_not():
+@BOTH
+def test_rope_transformer_is_shift_invariant_and_ape_is_not(cls):
     tokens, _ = DelayedCopy(16, 5).sample(4, 24, gen())
-    rope = Transformer(16, 2, 4, 32, "rope", n_models=2)
+    rope = cls(16, 2, 4, 32, "rope", n_models=2)
     assert max(shift_invariance(rope, tokens, (1, 1000, 100000)).values()) < 1e-4
-    ape = Transformer(16, 2, 4, 32, "ape", max_len=64, n_models=2)
+    ape = cls(16, 2, 4, 32, "ape", max_len=64, n_models=2)
     assert min(shift_invariance(ape, tokens, (1, 16)).values()) > 1e-2
 
 
-def test_transformer_ensemble_equals_models_alone():
+@BOTH
+def test_transformer_ensemble_equals_models_alone(cls):
     tokens, _ = DelayedCopy(16, 5).sample(2, 12, gen())
-    ensemble = Transformer(16, 2, 4, 32, "rope", n_models=3, seeds=[4, 5, 6])
+    ensemble = cls(16, 2, 4, 32, "rope", n_models=3, seeds=[4, 5, 6])
     out = ensemble(tokens)
     for i, s in enumerate([4, 5, 6]):
-        alone = Transformer(16, 2, 4, 32, "rope", n_models=1, seeds=[s])
+        alone = cls(16, 2, 4, 32, "rope", n_models=1, seeds=[s])
         torch.testing.assert_close(alone(tokens)[0], out[i], rtol=1e-5, atol=1e-5)
 
 
-def test_transformer_rejects_bad_configuration_and_input():
+@BOTH
+def test_transformer_rejects_bad_configuration_and_input(cls):
     with pytest.raises(ValueError, match="divisible"):
-        Transformer(16, 2, 3, 32)
+        cls(16, 2, 3, 32)
     with pytest.raises(ValueError, match="d_head"):
-        Transformer(16, 1, 2, 30, "rope")  # d_head = 15
+        cls(16, 1, 2, 30, "rope")  # d_head = 15
     with pytest.raises(ValueError, match="pe"):
-        Transformer(16, pe="alibi-typo")
-    model = Transformer(16, 1, 2, 16, "ape", max_len=16)
+        cls(16, pe="alibi-typo")
+    model = cls(16, 1, 2, 16, "ape", max_len=16)
     with pytest.raises(ValueError, match=r"16 rows.*17"):
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="tokens"):
@@ -175,7 +184,7 @@ def test_experiment_holds_a_task_object_and_rejects_a_name():
                                                                                    eval_lengths=(32, 64)))
 
 
-# ---------------------------------------------------------------- the batched layout against a per-model reference
+# ---------------------------------------------------------------- both transformers against a per-model reference
 def reference_logits(model, index, tokens, position_shift=0):
     """Model ``index`` of an ensemble, written out as one plain model: torch's LayerNorm, explicit masked
     softmax attention, apply_rope with the model's own pairing, the encoding's embed and score bias.
@@ -214,15 +223,17 @@ def reference_logits(model, index, tokens, position_shift=0):
     return ln(x, model.ln_f_w, model.ln_f_b) @ model.unembed[i].T
 
 
+@BOTH
 @pytest.mark.parametrize("pe", ["rope", "ape", "nope", "alibi", "rope-interleaved"])
-def test_batched_transformer_equals_a_plain_per_model_reference(pe):
-    """The batched layout (folded norms, fused projections, reordered RoPE channels, 4-D SDPA, the first
-    block's projection looked up per token) computes the textbook model: logits within 1e-5 in float32
-    and 1e-12 in float64, for every model of the ensemble, at a shifted position too."""
+def test_transformer_equals_a_plain_per_model_reference(pe, cls):
+    """Both transformers compute the textbook model, one model at a time: the readable one (per-model einsums,
+    the encoding's rotate, an explicit causal softmax) and the batched layout (folded norms, fused projections,
+    reordered RoPE channels, 4-D SDPA, the first block's projection looked up per token): logits within 1e-5
+    in float32 and 1e-12 in float64, for every model of the ensemble, at a shifted position too."""
     from lengthgen_utils.core.encodings import RoPE
 
     encoding = RoPE(interleaved=True) if pe == "rope-interleaved" else pe
-    model = Transformer(16, 2, 4, 32, encoding, max_len=64, n_models=3, seeds=[7, 8, 9])
+    model = cls(16, 2, 4, 32, encoding, max_len=64, n_models=3, seeds=[7, 8, 9])
     with torch.no_grad():  # trained-looking weights: norms, biases and tables away from their initial values
         for p in model.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen(hash(p.shape) % 1000)))
@@ -240,12 +251,13 @@ def test_batched_transformer_equals_a_plain_per_model_reference(pe):
                                                    atol=tol)
 
 
+@BOTH
 @pytest.mark.parametrize("pe", ["rope", "alibi"])
-def test_attention_weights_and_head_scores_follow_the_reference(pe):
+def test_attention_weights_and_head_scores_follow_the_reference(pe, cls):
     """return_attention and head_scores return, per layer, [M, B, H, L, L] weights that sum to one over the
     visible keys and scores whose softmax they are (the reordered RoPE channels change no logit)."""
     tokens, _ = DelayedCopy(16, 3).sample(2, 10, gen(5))
-    model = Transformer(16, 2, 4, 32, pe, n_models=2)
+    model = cls(16, 2, 4, 32, pe, n_models=2)
     logits, weights = model(tokens, return_attention=True)
     scores = model.head_scores(tokens)
     torch.testing.assert_close(logits, model(tokens))
@@ -257,17 +269,18 @@ def test_attention_weights_and_head_scores_follow_the_reference(pe):
         torch.testing.assert_close(s.softmax(-1), w.detach(), rtol=1e-5, atol=1e-6)
 
 
+@BOTH
 @pytest.mark.parametrize("pe", ["rope", "ape", "alibi"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_training_a_transformer_ensemble_equals_training_each_model_alone(pe, threads):
+def test_training_a_transformer_ensemble_equals_training_each_model_alone(pe, threads, cls):
     """Model i of a trained ensemble is the model trained alone: losses within 1e-6 and parameters within
     1e-6 (relative) in float32, at 1 and 2 threads (on the machines we ran, they were bit-identical)."""
     task, seeds = DelayedCopy(16, 5), [3, 4, 5]
     kwargs = dict(steps=6, batch_size=8, lr=3e-3, train_len=16, device="cpu", num_threads=threads)
-    ensemble = Transformer(16, 2, 4, 32, pe, max_len=32, n_models=3, seeds=seeds)
+    ensemble = cls(16, 2, 4, 32, pe, max_len=32, n_models=3, seeds=seeds)
     history = train_sequence(ensemble, task, **kwargs)
     for i, seed in enumerate(seeds):
-        alone = Transformer(16, 2, 4, 32, pe, max_len=32, n_models=1, seeds=[seed])
+        alone = cls(16, 2, 4, 32, pe, max_len=32, n_models=1, seeds=[seed])
         torch.testing.assert_close(train_sequence(alone, task, **kwargs)[:, 0], history[:, i], rtol=0, atol=1e-6)
         for (name, p_alone), (_, p_ens) in zip(alone.named_parameters(), ensemble.named_parameters()):
             rel = float((p_alone[0] - p_ens[i]).detach().norm() / p_ens[i].detach().norm())
@@ -298,9 +311,9 @@ def test_fast_causal_attention_paths_agree_with_the_explicit_one(seq_len):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_row_blocked_batched_matmul_is_the_batched_matmul(threads):
-    """models._baddbmm cuts each model's rows into one block per thread (balanced work for any number of
+    """fast._baddbmm cuts each model's rows into one block per thread (balanced work for any number of
     models); it computes start + x @ W^T (1e-6), for a bias row or a full start, whatever N and d_in."""
-    from lengthgen_utils.core.models import _baddbmm
+    from lengthgen_utils.core.fast import _baddbmm
     from lengthgen_utils.run.training import cpu_threads
 
     for m, n, d_in, d_out in [(3, 12, 12, 5), (2, 7, 4, 6), (1, 16, 8, 16)]:

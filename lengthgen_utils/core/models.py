@@ -3,7 +3,9 @@
 * :class:`RetrievalHead`: the single position-only head of chapters 1-6;
 * :class:`KernelHead`: its linear-attention control with the offset kernel as the parameter (chapter 6);
 * :class:`LinearRNN`: a linear recurrent model on the same task (chapter 8);
-* :class:`Transformer`: a pre-LN decoder for the full-sequence tasks (chapters 7-9).
+* :class:`Transformer`: a pre-LN decoder for the full-sequence tasks (chapters 7-9), nanoGPT-shaped and
+  written to be read; the book trains :class:`~lengthgen_utils.core.fast.FastTransformer`, the same model
+  (same state dict) in a batched layout, tested equal to it.
 
 Each model asks its position encoding (:mod:`~lengthgen_utils.core.encodings`) what to add to the
 residual stream, how to rotate queries and keys and what to add to the scores; none of them knows
@@ -24,7 +26,7 @@ from torch import Tensor, nn
 from .._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
                          per_model_ints, per_model_rows)
 from .seeding import generator
-from .attention import _causal_attention, _check_bias, attention_scores, causal_mask, check_attention, row_weights
+from .attention import _check_bias, attention_scores, causal_mask, check_attention, row_weights
 from .encodings import Encoding, RoPE, get_encoding
 from .rope import kernel_frequencies, rope_kernel_features
 
@@ -533,48 +535,25 @@ class LinearRNN(Ensemble):
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)
-def _norm_linear(x: Tensor, ln_weight: Tensor, ln_bias: Tensor, weight: Tensor,
-                 bias: Tensor | None = None) -> Tensor:
-    """``LayerNorm(x) W^T + b`` per model, with the norm's scale and shift folded into the matmul.
+def _filled(*shape, value: float) -> nn.Parameter:
+    """A parameter of ``shape`` holding ``value`` everywhere (LayerNorm scales: 1; biases: 0)."""
+    return nn.Parameter(torch.full(shape, value))
 
-    With ``n`` the normalised ``x`` (zero mean, unit variance over the last dim, eps 1e-5),
-    ``(n * g + s) W^T + b = n (W diag g)^T + (W s + b)``: the scale multiplies the small weight
-    ``[M, out, in]`` instead of the activations, and the shift joins the bias of one ``baddbmm``.
 
-    Args:
-        x: ``[M, N, in]``; ln_weight, ln_bias: ``[M, in]``; weight: ``[M, out, in]``; bias: ``[M, out]`` or None.
+def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """LayerNorm over the last dim (eps 1e-5), each model with its own scale and shift.
 
-    Returns:
-        ``[M, N, out]``.
+    ``x [M, ..., d]``, ``weight, bias [M, d]`` -> ``[M, ..., d]``.
     """
-    shift = torch.bmm(ln_bias[:, None, :], weight.transpose(1, 2))  # W s: [M, 1, out]
-    if bias is not None:
-        shift = shift + bias[:, None, :]
-    return _baddbmm(shift, F.layer_norm(x, x.shape[-1:]), (weight * ln_weight[:, None, :]).transpose(1, 2))
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)  # [M, 1, ..., 1, d]
+    return F.layer_norm(x, x.shape[-1:]) * weight.view(shape) + bias.view(shape)
 
 
-def _baddbmm(start: Tensor, x: Tensor, weight_t: Tensor) -> Tensor:
-    """``start + x @ weight_t`` per model: ``start [M, N or 1, out]``, ``x [M, N, in]``, ``weight_t [M, in, out]``.
-
-    A batched matmul gives each thread whole matmuls, so 3 models on 2 threads leave one thread idle a
-    third of the time. With ``T = torch.get_num_threads() > 1`` threads (and ``N`` divisible by ``T``),
-    each model's ``N`` rows are cut into ``T`` blocks and the ``M * T`` block products run as one
-    batched matmul: equal work per thread for any ``M``. The blocks depend on ``T`` only, never on
-    ``M``, so a model computes the same numbers in any ensemble.
-    """
-    m, n, _ = x.shape
-    blocks = torch.get_num_threads()
-    if blocks == 1 or n % blocks:
-        return torch.baddbmm(start, x, weight_t)
-
-    def row_blocks(t):  # [M, N, k] -> [M * T, N / T, k]
-        return t.reshape(m * blocks, n // blocks, t.shape[-1])
-
-    def repeated(t):  # [M, a, b] -> [M * T, a, b], each model's copy once per block
-        return t.unsqueeze(1).expand(m, blocks, *t.shape[1:]).reshape(m * blocks, *t.shape[1:])
-
-    start = row_blocks(start) if start.shape[1] == n else repeated(start)
-    return torch.baddbmm(start, row_blocks(x), repeated(weight_t)).view(m, n, -1)
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``W x + b`` per model, on row vectors: ``x [M, B, L, in]``, ``weight [M, out, in]``, ``bias [M, out]``
+    -> ``[M, B, L, out]``."""
+    y = torch.einsum("mbli,moi->mblo", x, weight)
+    return y if bias is None else y + bias[:, None, None]
 
 
 @dataclass(frozen=True)
@@ -618,28 +597,99 @@ class TransformerConfig:
         return self.d_model // self.n_heads
 
 
-class Transformer(EnsembleModel):
-    """A pre-LN decoder-only transformer with a leading ensemble dimension.
+class Block(nn.Module):
+    """One pre-LN block of :class:`Transformer` for ``M`` models at once: ``x + Attn(LN1(x))``, then ``+ MLP(LN2(x))``.
 
-    ``x = E[tokens] (+ what the encoding adds at each position)``; each of ``n_layers``
-    blocks is ``x += Attn(LN(x)); x += MLP(LN(x))`` with ``n_heads`` causal heads (queries
-    and keys rotated by the encoding, its score bias added to the logits) and a GELU MLP of
-    width ``mlp_ratio * d_model``; logits ``= W_U LN(x)``. No biases in the attention projections.
+    Parameters (``d = d_model``, weights ``[M, out, in]``): ``ln1_w, ln1_b [M, d]``, ``w_qkv [M, 3d, d]`` (the
+    query, key and value rows of every head, stacked), ``w_out [M, d, d]``, ``ln2_w, ln2_b [M, d]``,
+    ``w_in [M, r d, d]``, ``b_in [M, r d]``, ``w_mlp_out [M, d, r d]``, ``b_mlp_out [M, d]`` (``r = mlp_ratio``).
+    Initialised as GPT-2: weights ``N(0, 0.02^2)``, the two that write to the residual stream scaled by
+    ``1 / sqrt(2 n_layers)``, LayerNorm scales one and every bias zero.
+    """
+
+    def __init__(self, config: TransformerConfig, gens):
+        super().__init__()
+        self.config = config
+        m, d, d_mlp = len(gens), config.d_model, config.mlp_ratio * config.d_model
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * config.n_layers)
+        self.ln1_w, self.ln1_b = _filled(m, d, value=1.0), _filled(m, d, value=0.0)
+        self.w_qkv = _normal(gens, d, 3 * d, std=std, transpose=True)
+        self.w_out = _normal(gens, d, d, std=out_std, transpose=True)
+        self.ln2_w, self.ln2_b = _filled(m, d, value=1.0), _filled(m, d, value=0.0)
+        self.w_in, self.b_in = _normal(gens, d, d_mlp, std=std, transpose=True), _filled(m, d_mlp, value=0.0)
+        self.w_mlp_out = _normal(gens, d_mlp, d, std=out_std, transpose=True)
+        self.b_mlp_out = _filled(m, d, value=0.0)
+
+    def forward(self, x: Tensor, positions: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The residual stream ``x [M, B, L, d]`` after this block, and the attention's weights and scores.
+
+        Args:
+            x: ``[M, B, L, d_model]``; positions: ``[L]`` (integers); bias: the encoding's score bias
+                ``[M or 1, H, L, L]`` or None.
+
+        Returns:
+            ``x [M, B, L, d_model]``, weights and scores ``[M, B, H, L, L]`` (see :meth:`attention`).
+        """
+        out, weights, scores = self.attention(_layer_norm(x, self.ln1_w, self.ln1_b), positions, bias)
+        x = x + out
+        x = x + self.mlp(_layer_norm(x, self.ln2_w, self.ln2_b))
+        return x, weights, scores
+
+    def attention(self, x: Tensor, positions: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Causal multi-head self-attention of the normalised stream ``x [M, B, L, d]``.
+
+        Returns:
+            the output ``W_O o`` ``[M, B, L, d]``, the weights ``[M, B, H, L, L]`` (rows sum to one over keys
+            ``0 .. i``) and the scores before the softmax ``[M, B, H, L, L]`` (``-inf`` above the diagonal).
+        """
+        m, b, seq_len, d = x.shape
+        h, pe = self.config.n_heads, self.config.pe
+        q, k, v = _linear(x, self.w_qkv).split(d, dim=-1)  # [M, B, L, d] each
+        q, k, v = (t.view(m, b, seq_len, h, d // h).transpose(2, 3) for t in (q, k, v))  # [M, B, H, L, d_head]
+        q, k = pe.rotate(q, positions), pe.rotate(k, positions)  # RoPE turns pair i by t theta_i; most: identity
+        scores = attention_scores(q, k)  # q k^T / sqrt(d_head): [M, B, H, L, L]
+        if bias is not None:
+            scores = scores + bias[:, None]  # ALiBi's m_h (j - i), T5's bucket bias, ...
+        scores = scores.masked_fill(~causal_mask(seq_len, x.device), float("-inf"))  # query i sees keys 0 .. i
+        weights = scores.softmax(-1)  # [M, B, H, L, L]
+        out = (weights @ v.to(weights.dtype)).to(x.dtype)  # [M, B, H, L, d_head]
+        out = out.transpose(2, 3).reshape(m, b, seq_len, d)  # the heads side by side: [M, B, L, d]
+        return _linear(out, self.w_out), weights.to(x.dtype), scores
+
+    def mlp(self, x: Tensor) -> Tensor:
+        """``W_2 GELU(W_1 x + b_1) + b_2`` of ``x [M, B, L, d]``: ``[M, B, L, d]``."""
+        return _linear(F.gelu(_linear(x, self.w_in, self.b_in)), self.w_mlp_out, self.b_mlp_out)
+
+
+class Transformer(EnsembleModel):
+    """A pre-LN decoder-only transformer with a leading ensemble dimension: the model to read.
+
+    nanoGPT's shape, written for a reader: ``x = E[tokens]`` (+ what the encoding adds at each position);
+    each of ``n_layers`` :class:`Block` s is ``x += Attn(LN(x)); x += MLP(LN(x))`` with ``n_heads`` causal
+    heads (queries and keys turned by the encoding's ``rotate``, its ``score_bias`` added to the logits, a
+    plain causal softmax) and a GELU MLP of width ``mlp_ratio * d_model``; logits ``= W_U LN(x)``. No biases
+    in the attention projections. Every parameter is ``[M, ...]``: model ``i`` is slice ``i`` of each.
+
+    The book trains :class:`~lengthgen_utils.core.fast.FastTransformer`, the same model (same parameters,
+    same initialisation, the same state dict) computed in a batched layout; the tests hold the two equal
+    (logits, loss and every gradient) on every registered encoding.
 
     Args:
         vocab_size, n_layers, n_heads, d_model, pe, max_len, mlp_ratio: see :class:`TransformerConfig`.
-        n_models: ensemble size M; ``seeds``: one init seed per model.
+        n_models: ensemble size M; ``seeds``: one init seed per model (default ``0 .. M-1``).
 
     Parameters (weights ``[M, out, in]``): ``embed [M, V, d]``; per block ``w_qkv [M, 3d, d]``,
-    ``w_out [M, d, d]``, ``w_in [M, 4d, d]``, ``w_mlp_out [M, d, 4d]`` with LayerNorm and MLP biases;
-    ``unembed [M, V, d]``; the encoding's tables in ``pe_params``.
+    ``w_out [M, d, d]``, ``w_in [M, 4d, d]``, ``w_mlp_out [M, d, 4d]`` with LayerNorm and MLP biases
+    (:class:`Block`); ``ln_f_w, ln_f_b [M, d]``; ``unembed [M, V, d]``; the encoding's tables in ``pe_params``.
 
     Shapes:
         ``forward(tokens [B, L])`` -> logits ``[M, B, L, V]``; with ``return_attention=True``
         also a list (one per layer) of attention weights ``[M, B, n_heads, L, L]``.
 
     Raises:
-        ValueError: sizes out of range, a head size the encoding cannot use, positions it cannot cover.
+        TypeError / ValueError: sizes out of range, a head size the encoding cannot use, an unknown encoding
+        name (at construction); tokens that are not a LongTensor ``[B, L]`` in ``[0, V)``, positions the
+        encoding cannot cover, a score bias that went NaN (at ``forward``).
 
     Source: Radford et al. 2019 (pre-LN GPT-2 block); nanoGPT's ``model.py`` layout.
     """
@@ -649,142 +699,76 @@ class Transformer(EnsembleModel):
         super().__init__()
         self.config = cfg = TransformerConfig(vocab_size, n_layers, n_heads, d_model, pe, max_len, mlp_ratio)
         self.seeds = _seeds(seeds, n_models)
-        gens = [generator(s) for s in self.seeds]
+        gens = [generator(s) for s in self.seeds]  # model i draws every initial weight from its own generator
         m = len(self.seeds)
-
-        def const(*shape, value=1.0):
-            return nn.Parameter(torch.full((m, *shape), value))
-
-        std, d_mlp, out_std = 0.02, mlp_ratio * d_model, 0.02 / math.sqrt(2 * n_layers)
-        self.embed = _normal(gens, vocab_size, d_model, std=std)
-        self._init_encoding(cfg.pe, m, d_model, max_len, n_heads, gens)
-        self.blocks = nn.ModuleList()
-        for _ in range(n_layers):
-            block = nn.Module()
-            block.ln1_w, block.ln1_b = const(d_model), const(d_model, value=0.0)
-            block.w_qkv = _normal(gens, d_model, 3 * d_model, std=std, transpose=True)
-            block.w_out = _normal(gens, d_model, d_model, std=out_std, transpose=True)
-            block.ln2_w, block.ln2_b = const(d_model), const(d_model, value=0.0)
-            block.w_in, block.b_in = _normal(gens, d_model, d_mlp, std=std, transpose=True), const(d_mlp, value=0.0)
-            block.w_mlp_out = _normal(gens, d_mlp, d_model, std=out_std, transpose=True)
-            block.b_mlp_out = const(d_model, value=0.0)
-            self.blocks.append(block)
-        self.ln_f_w, self.ln_f_b = const(d_model), const(d_model, value=0.0)
-        self.unembed = _normal(gens, d_model, vocab_size, std=std, transpose=True)
-        # the rotation actually applied to queries and keys (see _attention_inputs)
-        order, self._qk_encoding = cfg.pe.dot_product_form(cfg.d_head)
-        rows = None
-        if order is not None:
-            heads = torch.arange(2 * n_heads)[:, None] * cfg.d_head  # the query heads, then the key heads
-            rows = torch.cat([(heads + order).flatten(), torch.arange(2 * d_model, 3 * d_model)])
-        self.register_buffer("_qk_rows", rows, persistent=False)
+        self.embed = _normal(gens, vocab_size, d_model, std=0.02)  # [M, V, d]
+        self._init_encoding(cfg.pe, m, d_model, max_len, n_heads, gens)  # e.g. an APE table [M, max_len, d]
+        self.blocks = nn.ModuleList([Block(cfg, gens) for _ in range(n_layers)])
+        self.ln_f_w, self.ln_f_b = _filled(m, d_model, value=1.0), _filled(m, d_model, value=0.0)
+        self.unembed = _normal(gens, d_model, vocab_size, std=0.02, transpose=True)  # [M, V, d]
 
     @property
     def n_heads(self) -> int:
         return self.config.n_heads
 
-    def _attention_inputs(self, block, x: Tensor, positions: Tensor, batch: int,
-                          token_rows: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values ``[M*B, H, L, d_head]`` of one block, the encoding's rotation applied.
-
-        ``x`` is the residual stream ``[M, B*L, d_model]``. One batched matmul gives every model's
-        q, k and v; queries and keys are rotated together. ``token_rows`` (``[M, B*L]``, rows of the
-        stacked embedding tables) says that ``x`` is nothing but token embeddings (the first block of
-        a model whose encoding adds nothing to the residual stream): then the V rows of each table are
-        projected once and looked up, instead of projecting B*L copies of them.
-
-        For an encoding whose rotation has a cheaper form on reordered channels
-        (:meth:`~lengthgen_utils.core.encodings.Encoding.dot_product_form`, e.g. RoPE's half-split
-        pairing), the query and key rows of ``W_QKV`` are reordered and that form is used: the
-        logits ``q . k`` are the same, the channels of the returned ``q`` and ``k`` are in that order.
-        """
-        m, n_heads, d_head = self.n_models, self.n_heads, self.config.d_head
-        seq_len = x.shape[1] // batch
-        w_qkv = block.w_qkv if self._qk_rows is None else block.w_qkv[:, self._qk_rows]
-        if token_rows is None:
-            qkv = _norm_linear(x, block.ln1_w, block.ln1_b, w_qkv)
-        else:
-            table = _norm_linear(self.embed, block.ln1_w, block.ln1_b, w_qkv)  # [M, V, 3d]
-            qkv = F.embedding(token_rows, table.reshape(-1, table.shape[-1]))
-        qkv = qkv.view(m * batch, seq_len, 3 * n_heads, d_head)
-        qk, v = qkv.split([2 * n_heads, n_heads], dim=2)
-        qk = self._qk_encoding.rotate(qk.transpose(1, 2), positions)  # [M*B, 2H, L, d_head]
-        q, k = qk.split(n_heads, dim=1)
-        return q, k, v.transpose(1, 2)
-
-    def _run(self, tokens: Tensor, position_shift: int, collect: str | None, validate: bool = True,
-             positions: Tensor | None = None):
-        """Run every block; ``collect`` in {None, "weights", "scores"} picks what to return per layer.
-
-        ``positions [L]`` replaces ``shift .. shift + L - 1`` (e.g. the randomised positions of training).
-
-        Layout: the residual stream is ``[M, B*L, d_model]`` and every weight ``[M, out, in]``, so each
-        projection is one ``baddbmm`` over the models (biases and residual adds fused into it, rows
-        split evenly over the threads: :func:`_baddbmm`); attention sees ``[M*B, H, L, d_head]``
-        (:func:`~lengthgen_utils.core.attention.causal_attention`: batched matmuls for short sequences,
-        torch's fused kernel, which takes this 4-D layout, beyond).
-        """
-        _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
-        b, seq_len = tokens.shape
-        m, d_model, n_heads = self.n_models, self.config.d_model, self.n_heads
-        positions = _positions(seq_len, position_shift, positions)
-        self.check_positions(positions)
-        # every model's embedding table stacked into one: model i's token t is row i * V + t
-        offsets = torch.arange(m, device=tokens.device)[:, None] * self.config.vocab_size
-        rows = tokens.reshape(1, b * seq_len) + offsets
-        x = F.embedding(rows, self.embed.reshape(-1, d_model))  # [M, B*L, d]
-        added = self.encoding.embed(self.pe_params, positions)
-        if added is not None:
-            x = (x.view(m, b, seq_len, d_model) + added[:, None]).view(m, b * seq_len, d_model)
-        bias = self.encoding.score_bias(self.pe_params, positions, positions, n_heads)
-        if bias is not None:  # [M|1, H, L, L] -> broadcastable to [M*B, H, L, L]
-            bias = bias.to(device=self.device, dtype=x.dtype)
-            if validate:  # once per validated pass (not in training): a learned bias that went NaN is refused
-                try:
-                    _check_bias(bias, (bias.shape[0], n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
-                except ValueError as err:
-                    raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
-            if bias.shape[0] > 1:
-                bias = bias[:, None].expand(m, b, *bias.shape[1:]).reshape(m * b, *bias.shape[1:])
-        collected = []
-        token_rows = rows if added is None else None
-        for block in self.blocks:
-            q, k, v = self._attention_inputs(block, x, positions, b, token_rows)
-            token_rows = None
-            if collect is None:
-                out = _causal_attention(q, k, v, bias=bias)
-            else:
-                out, weights = _causal_attention(q, k, v, return_weights=True, bias=bias)
-                if collect == "scores":
-                    scores = attention_scores(q, k) + (bias if bias is not None else 0)
-                    weights = scores.masked_fill(~causal_mask(seq_len, self.device), float("-inf"))
-                collected.append(weights.view(m, b, n_heads, seq_len, seq_len))
-            out = out.transpose(1, 2).reshape(m, b * seq_len, d_model)  # heads side by side
-            x = _baddbmm(x, out, block.w_out.transpose(1, 2))  # x + W_O o
-            hidden = F.gelu(_norm_linear(x, block.ln2_w, block.ln2_b, block.w_in, block.b_in))
-            x = _baddbmm(x, hidden, block.w_mlp_out.transpose(1, 2)).add_(block.b_mlp_out[:, None])
-        logits = _norm_linear(x, self.ln_f_w, self.ln_f_b, self.unembed)
-        return logits.view(m, b, seq_len, -1), collected
-
     def forward(self, tokens: Tensor, position_shift: int = 0, return_attention: bool = False,
                 validate: bool = True, positions: Tensor | None = None):
-        """Logits ``[M, B, L, V]`` (and per-layer attention weights with ``return_attention``).
+        """Logits ``[M, B, L, V]`` of ``tokens [B, L]`` (and, with ``return_attention``, per-layer weights).
 
         ``positions [L]`` (integers) replaces the positions ``shift .. shift + L - 1``, as in
         :meth:`RetrievalHead.forward`; the training loop passes the encoding's ``train_positions``.
+        ``validate=False`` skips the token range check and the score bias check (the training loops pass
+        it for batches their task sampled).
+
+        Raises:
+            TypeError / ValueError: see the class docstring.
         """
-        logits, weights = self._run(tokens, position_shift, "weights" if return_attention else None, validate,
-                                    positions)
-        return (logits, weights) if return_attention else logits
+        logits, layers = self._layers(tokens, position_shift, validate, positions)
+        return (logits, [weights for weights, _ in layers]) if return_attention else logits
 
     @torch.no_grad()
     def head_scores(self, tokens: Tensor, position_shift: int = 0) -> list[Tensor]:
         """Pre-softmax attention logits of every head, per layer: list of ``[M, B, H, L, L]``.
 
         Entries above the causal diagonal are ``-inf`` (never attended).
+
+        Raises:
+            TypeError / ValueError: see the class docstring.
         """
-        return self._run(tokens, position_shift, "scores")[1]
+        return [scores for _, scores in self._layers(tokens, position_shift, True, None)[1]]
+
+    def _layers(self, tokens: Tensor, position_shift: int, validate: bool, positions: Tensor | None):
+        """The whole model: logits ``[M, B, L, V]`` and, per layer, (weights, scores) ``[M, B, H, L, L]``."""
+        _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
+        positions = _positions(tokens.shape[1], position_shift, positions)  # [L] on the CPU
+        self.check_positions(positions)
+        x = self.embed[:, tokens]  # [M, B, L, d]: every model looks the tokens up in its own table
+        added = self.encoding.embed(self.pe_params, positions)  # [M, L, d] (absolute encodings) or None
+        if added is not None:
+            x = x + added[:, None]
+        bias = self._score_bias(positions, validate)  # [M or 1, H, L, L] (ALiBi, T5) or None
+        layers = []
+        for block in self.blocks:
+            x, weights, scores = block(x, positions, bias)
+            layers.append((weights, scores))
+        logits = _linear(_layer_norm(x, self.ln_f_w, self.ln_f_b), self.unembed)  # [M, B, L, V]
+        return logits, layers
+
+    def _score_bias(self, positions: Tensor, validate: bool) -> Tensor | None:
+        """The encoding's score bias at ``positions`` (queries and keys alike), ``[M or 1, H, L, L]`` in the
+        model's dtype and device, or None; with ``validate``, a bias that went NaN or ``+inf`` is refused."""
+        bias = self.encoding.score_bias(self.pe_params, positions, positions, self.n_heads)
+        if bias is None:
+            return None
+        bias = bias.to(device=self.device, dtype=self.embed.dtype)
+        if validate:  # once per validated pass (not in training): a learned bias that went NaN is refused
+            seq_len = positions.shape[0]
+            try:
+                _check_bias(bias, (bias.shape[0], self.n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
+            except ValueError as err:
+                raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
+        return bias
 
 
 __all__ = ["RetrievalHead", "RetrievalHeadConfig", "KernelHead", "LinearRNN", "LinearRNNConfig", "Transformer",
-           "TransformerConfig", "readout"]
+           "TransformerConfig", "Block", "readout"]

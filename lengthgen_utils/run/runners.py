@@ -19,7 +19,8 @@ from .._validate import check_device, check_int, check_positive_float
 from ..analysis.theory import (expected_squared_error, gradient_descent_kernel, log_length_scale,
                                min_norm_interpolant, squared_loss_quadratic, trained_relative_positions)
 from ..core.encodings import get_encoding
-from ..core.models import KernelHead, LinearRNN, RetrievalHead, Transformer
+from ..core.fast import FastTransformer
+from ..core.models import KernelHead, LinearRNN, RetrievalHead
 from ..core.rope import kernel_frequencies, rope_kernel_features
 from .cache import load_or_run
 from .configs import (KernelHeadConfig, RecurrentExperiment, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
@@ -380,10 +381,14 @@ def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> Runs:
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)
-def build_transformer(exp: TransformerExperiment) -> Transformer:
-    """The untrained ensemble of ``exp`` (seeds ``0 .. n_seeds-1``): what :func:`run_transformer` starts from."""
-    return Transformer(exp.task.n_tokens, exp.n_layers, exp.n_heads, exp.d_model, exp.pe, max_len=exp.max_len,
-                       n_models=exp.n_seeds)
+def build_transformer(exp: TransformerExperiment) -> FastTransformer:
+    """The untrained ensemble of ``exp`` (seeds ``0 .. n_seeds-1``): what :func:`run_transformer` starts from.
+
+    A :class:`~lengthgen_utils.core.fast.FastTransformer`, the batched layout the book trains with; its state
+    dict loads into the readable :class:`~lengthgen_utils.core.models.Transformer` unchanged.
+    """
+    return FastTransformer(exp.task.n_tokens, exp.n_layers, exp.n_heads, exp.d_model, exp.pe, max_len=exp.max_len,
+                           n_models=exp.n_seeds)
 
 
 def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Runs:

@@ -65,7 +65,8 @@ The right count depends on how much work one operation holds, measured side by s
   **1 thread**. A step is a few dozen operations on tensors of ~10^5 elements, less than the
   cost of waking and joining a second thread; two threads were slower at every ensemble size
   (and 10 to 100 times slower on a machine busy with other processes).
-* ``"transformer"`` (:class:`~lengthgen_utils.core.models.Transformer`): **2 threads**. A step of the
+* ``"transformer"`` (:class:`~lengthgen_utils.core.fast.FastTransformer`, the one the book trains, and the
+  readable :class:`~lengthgen_utils.core.models.Transformer` it subclasses): **2 threads**. A step of the
   book's transformer multiplies matrices of ~10^6 elements per model (1024 tokens x d_model 64,
   four projections per block); two threads train it about 1.6-1.8x faster than one at 3 or more models
   on an otherwise idle machine.
@@ -77,7 +78,8 @@ The thread count changes float rounding (a reduction split in two sums in anothe
 
 
 def thread_path(model) -> str:
-    """The key of :data:`CPU_THREADS` that applies to ``model``: ``"transformer"`` or ``"single-head"``."""
+    """The key of :data:`CPU_THREADS` that applies to ``model``: ``"transformer"`` (either transformer: the fast
+    one is a subclass of the readable one) or ``"single-head"``."""
     return "transformer" if isinstance(model, Transformer) else "single-head"
 
 
@@ -392,7 +394,11 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
                    weight_decay: float = 0.05, train_len: int = 32, seed: int = 0, device=None,
                    progress: bool | None = None, num_threads: int | None = None) -> Tensor:
-    """Train a :class:`~lengthgen_utils.core.models.Transformer` ensemble on a full-sequence task with AdamW.
+    """Train a transformer ensemble on a full-sequence task with AdamW.
+
+    The book trains :class:`~lengthgen_utils.core.fast.FastTransformer` (what
+    :func:`~lengthgen_utils.run.runners.build_transformer` builds); the readable
+    :class:`~lengthgen_utils.core.models.Transformer` trains the same way, to the same losses up to rounding.
 
     Every batch has length ``train_len`` and is placed at the positions the model's encoding draws
     (``train_positions``: ``0 .. train_len-1`` unless the encoding randomises them, as in
@@ -400,7 +406,7 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     positions (models stay independent).
 
     Args:
-        model: a ``Transformer`` (any ``n_models``).
+        model: a ``FastTransformer`` or ``Transformer`` (any ``n_models``).
         task: a full-sequence task (``DelayedCopy``, ``LaggedSum``, ``RunningParity``).
         steps, batch_size, lr, weight_decay: optimisation settings (chapter 7's defaults).
         train_len: training sequence length.

@@ -17,7 +17,7 @@ Prints, from one run on one machine:
    softmax and the scatter of attention weights are not counted), the
    achieved FLOP/s, and the share of the machine's nominal peak;
 5. the multi-layer transformer (chapter 7's model: 2 layers, 4 heads, d_model 64,
-   batch 32, length 32, RoPE, AdamW) trained by the package's ``Transformer``
+   batch 32, length 32, RoPE, AdamW) trained by the package's ``FastTransformer``
    ensemble (``train_sequence``) side by side with what a user would write
    instead, as a tutorial writes it: a plain loop over one ``nn.Module`` per
    model (``scaled_dot_product_attention(is_causal=True)``, RoPE by
@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validate import check_device
+from ..core.fast import FastTransformer
 from ..core.models import RetrievalHead, Transformer
 from ..core.rope import rope_inverse_frequencies
 from ..core.tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
@@ -255,9 +256,9 @@ def vmap_recipe(models, batches) -> torch.Tensor:
 
 
 def package_ensemble(n_models: int, steps: int, threads: int) -> tuple[float, torch.Tensor]:
-    """Seconds and last losses of the package's ``train_sequence`` on a fresh ensemble of ``n_models``."""
-    model = Transformer(TF["vocab_size"], TF["n_layers"], TF["n_heads"], TF["d_model"], "rope",
-                        max_len=TF["seq_len"], n_models=n_models)
+    """Seconds and last losses of the package's ``train_sequence`` on a fresh ``FastTransformer`` of ``n_models``."""
+    model = FastTransformer(TF["vocab_size"], TF["n_layers"], TF["n_heads"], TF["d_model"], "rope",
+                            max_len=TF["seq_len"], n_models=n_models)
     start = time.perf_counter()
     history = train_sequence(model, TF_TASK, steps=steps, batch_size=TF["batch_size"], lr=TF["lr"],
                              weight_decay=TF["weight_decay"], train_len=TF["seq_len"], seed=0, device="cpu",
@@ -274,7 +275,7 @@ def _compile_plain_loop(batches, threads: int) -> str:
     try:
         torch._dynamo.reset()
         start = time.perf_counter()
-        plain_loop([plain_copy(Transformer(16, 2, 4, 64, "rope", max_len=32), 0)], batches[:2], compiled=True)
+        plain_loop([plain_copy(FastTransformer(16, 2, 4, 64, "rope", max_len=32), 0)], batches[:2], compiled=True)
         return f"built in {time.perf_counter() - start:.0f} s at {threads} thread(s), from an empty kernel cache"
     except Exception as err:  # no C++ compiler, an unsupported platform: say so and go on without it
         return f"unavailable ({type(err).__name__}: {str(err).splitlines()[0][:100]})"
@@ -317,7 +318,7 @@ def _compare(sizes, thread_counts, steps, reps, compile_, batches, rates, agreem
                     peers["plain loop, torch.compile"] = lambda ms: plain_loop(ms, batches, compiled=True)
             package_ensemble(2, 2, threads)  # warm-up: allocator, thread pool, tables
             for m in sizes:
-                template = Transformer(16, 2, 4, 64, "rope", max_len=32, n_models=m)
+                template = FastTransformer(16, 2, 4, 64, "rope", max_len=32, n_models=m)  # the package's weights
                 worst = 0.0
                 for _ in range(reps):  # one round = every variant once, in turn
                     seconds, ours = package_ensemble(m, steps, threads)
@@ -336,10 +337,11 @@ def _compare(sizes, thread_counts, steps, reps, compile_, batches, rates, agreem
 
 def tf_flops_per_model_step() -> tuple[int, float, float]:
     """Parameters per model, and matmul FLOPs of one training step (forward + backward) of the plain model
-    (the textbook amount of work) and of the package's (which projects the first block's V token rows once)."""
+    (the textbook amount of work) and of the package's ``FastTransformer`` (which projects the first block's V
+    token rows once)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = Transformer(16, 2, 4, 64, "rope", max_len=32)
+    model = FastTransformer(16, 2, 4, 64, "rope", max_len=32)
     tokens, targets = tf_batches(1)[0]
     flops = []
     for run in (plain_copy(model, 0), lambda t: model(t)[0]):
@@ -366,7 +368,7 @@ def print_transformer_comparison(args) -> None:
     for name in variants:
         for t in counts:
             if (name, t, sizes[0]) in rates:
-                label = "package Transformer ensemble" if name == "package" else name
+                label = "package FastTransformer ensemble" if name == "package" else name
                 print(f"   {label:<34}{t:>8}" + "".join(f"{rates[(name, t, m)]:>9.0f}" for m in sizes))
     worst = max(result["agreement"].values())
     print(f"   every variant trains the same models: largest |last loss - the package's| after {args.tf_steps} "
