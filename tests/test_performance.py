@@ -541,8 +541,8 @@ def test_benchmark_smoke(capsys):
 
 
 def test_benchmark_peers_are_the_package_model():
-    """The benchmark's plain model, given the package model's weights, computes the same logits (the peers
-    train the same function, so their speed is comparable)."""
+    """The benchmark's plain model and its one-model readable Transformer, given the package model's weights,
+    compute the same logits (the peers train the same function, so their speed is comparable)."""
     from lengthgen_utils.core.fast import FastTransformer
     from lengthgen_utils.tools import bench
 
@@ -551,6 +551,9 @@ def test_benchmark_peers_are_the_package_model():
     with torch.no_grad():
         for i in range(2):
             torch.testing.assert_close(bench.plain_copy(model, i)(tokens), model(tokens)[i], rtol=1e-5, atol=1e-5)
+            readable = bench.readable_copy(model, i)
+            assert type(readable) is Transformer and readable.n_models == 1
+            torch.testing.assert_close(readable(tokens)[0], model(tokens)[i], rtol=1e-5, atol=1e-5)
 
 
 def test_cli_runs_the_transformer_suite(monkeypatch, tmp_path, capsys):
