@@ -8,7 +8,9 @@ Data flows one way::
 * ``tasks``: the tasks, behind one protocol (:class:`~lengthgen_utils.core.tasks.Task`);
 * ``positional``: position encodings as objects behind one interface, a registry, RoPE's numerics;
 * ``attention``: masks, scores and normalisers (one place for numerics);
-* ``models``: the retrieval head, the kernel head and the transformer;
+* ``models``: the retrieval head, the kernel head and the transformer; its ``Transformer`` is the one to
+  read (nanoGPT-shaped, the same RoPE and attention functions the chapters show), while ``fast``'s
+  ``FastTransformer``, tested equal to it (logits, loss, gradients), is the one the book trains;
 * ``training`` / ``evaluation``: one step loop; accuracy and attention by length;
 * ``kernel`` / ``probes`` / ``theory``: the offset kernel and what is read off it; probes of trained
   models (equivariance, pinning, head profiles); closed forms (dilution, frequency orbits, min-norm interpolant);

@@ -5,6 +5,9 @@
 * :mod:`.encodings`: position encodings as objects behind one interface, and a registry;
 * :mod:`.attention`: masks, scores and normalisers;
 * :mod:`.models`: the readable models (the retrieval head, the kernel head, a linear RNN, a nanoGPT-shaped
-  transformer), every parameter with a leading ensemble dimension;
-* :mod:`.fast`: the batched transformer the book trains with, tested equal to :class:`.models.Transformer`.
+  transformer), every parameter with a leading ensemble dimension; :class:`.models.Transformer` is the
+  transformer to read;
+* :mod:`.fast`: :class:`.fast.FastTransformer`, the same transformer (same state dict) in a batched layout,
+  tested equal to :class:`.models.Transformer` (logits, loss and gradients, on every encoding): the one the
+  book trains.
 """

@@ -4,9 +4,10 @@ Everything a model or an analysis needs to compute with rotary position embeddin
 
 * the frequencies ``theta_i = base^(-2i/d_head)`` and the angles ``t * theta_i`` (formed in float64, or in a
   low precision to show what implementations that cache angles in the model's dtype compute, chapter 2);
-* :func:`rotate_pairs` and :func:`apply_rope`, the textbook rotation (the function chapter 0 writes by hand and
-  the readable :class:`~lengthgen_utils.core.models.Transformer` applies); the memoised tables
-  (:func:`rope_cos_sin`) and the one-complex-multiply form (:func:`rotate_adjacent_pairs`) the fast path uses;
+* :func:`rotate_pairs` and :func:`apply_rope`, the textbook rotation (the function chapter 0 writes by hand; the
+  readable :class:`~lengthgen_utils.core.models.Transformer` applies it through ``RoPE.rotate``, from the
+  memoised tables :func:`rope_cos_sin`); the one-complex-multiply form (:func:`rotate_adjacent_pairs`) that
+  :class:`~lengthgen_utils.core.fast.FastTransformer` uses on reordered channels;
 * the features of the offset kernel ``s(D) = Phi(D) . c`` (:func:`rope_kernel_features`) and the coefficients
   ``c`` of a query/key pair (:func:`rope_kernel_coefficients`): RoPE's dot product as a function of the relative
   position, which a model (:class:`~lengthgen_utils.core.models.KernelHead`) and the analysis
