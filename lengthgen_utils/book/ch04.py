@@ -189,7 +189,7 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
 
     One line per seed: ``s(-d) - s(-k)`` (nats) against the distance ``d = 1 .. n`` on a log axis; a key
     above the dotted line ``-tolerance`` gets at least ``exp(-tolerance)`` of the target's weight (an
-    alias, :func:`~lengthgen_utils.analysis.kernel.first_alias_distance`). The candidate distances where the
+    alias, :func:`~lengthgen_utils.analysis.kernel.first_alias`). The candidate distances where the
     seeds' dominant pairs recur (:func:`~lengthgen_utils.analysis.kernel.predicted_alias_distance`) are a rug of
     ticks at the bottom; each seed's predicted first alias is a ring on its line (on the top edge when
     higher), and its first failing length ``L`` (the first evaluated length with accuracy below 0.95) a cross at the top, at
