@@ -253,14 +253,14 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
                              name=f"candidate aliases (pairs {', '.join(str(p) for p in pairs)} recur)",
                              marker=dict(color="#555", size=9, symbol="line-ns-open", line=dict(width=1)),
                              hovertemplate="candidate d=%{x}<extra></extra>"))
+    # the two reference lines are named in the legend, never by labels on the plot: a seed's curve can
+    # pass anywhere, and a label drawn there would hide it (the page's live panel keeps these shapes)
     fig.add_shape(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=-tolerance, y1=-tolerance,
-                  line=dict(color="black", dash="dot", width=1.5))
+                  line=dict(color="black", dash="dot", width=1.5), showlegend=True,
+                  name=f"alias threshold: {tolerance:g} nat below the target")
     fig.add_shape(type="line", xref="x", x0=train_len - 1, x1=train_len - 1, yref="y domain", y0=0, y1=1,
-                  line=dict(color="gray", dash="dash", width=1))
-    fig.add_annotation(text=f"{tolerance:g} nat below the target", showarrow=False, xref="x domain", x=1,
-                       xanchor="right", yref="y", y=-tolerance, yanchor="top", bgcolor="rgba(255,255,255,0.7)")
-    fig.add_annotation(text="training<br>window", showarrow=False, xref="x", x=float(np.log10(train_len - 1)),
-                       xanchor="right", yref="y domain", y=1, yanchor="top", bgcolor="rgba(255,255,255,0.7)")
+                  line=dict(color="gray", dash="dash", width=1), showlegend=True,
+                  name=f"training window's edge (d = {train_len - 1})")
     ticks = [4 ** e for e in range(int(np.log(n) / np.log(4)) + 1)]
     fig.update_layout(title=title)
     fig.update_xaxes(title="distance d = −D (tokens, log scale)", type="log", range=[0, float(np.log10(n))],
