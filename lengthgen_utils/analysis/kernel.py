@@ -566,6 +566,18 @@ def dilution_law_fit(source, offset, train_len: int, max_len: int) -> dict:
             "r2": r_squared(ratio, law), "ratio": ratio, "law": law}
 
 
+def _by_distance(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, Tensor, int]:
+    """A row-layout kernel ``[M, n]`` checked and flipped so that column ``d`` holds ``s(-d)`` (float64 on the
+    CPU), with the offsets ``[M]`` and the checked training length (``3 <= train_len < n``,
+    ``1 <= k <= train_len - 2``)."""
+    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
+    m, n = kernel.shape
+    train_len = check_int("train_len", train_len, minimum=3, maximum=n - 1)
+    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=train_len - 2))
+    return kernel.detach().double().cpu().flip(1), ks, train_len
+
+
 def selection_margins(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, Tensor]:
     """How far a kernel's target stands above the other offsets, inside and beyond the training window.
 
@@ -590,13 +602,8 @@ def selection_margins(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, T
 
     Source: chapter 6 (what softmax's normaliser makes training do).
     """
-    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
-        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
-    m, n = kernel.shape
-    train_len = check_int("train_len", train_len, minimum=3, maximum=n - 1)
-    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=train_len - 2))
-    by_distance = kernel.detach().double().cpu().flip(1)  # column d holds s(-d)
-    rows = torch.arange(m)
+    by_distance, ks, train_len = _by_distance(kernel, offset, train_len)
+    rows = torch.arange(by_distance.shape[0])
     target = by_distance[rows, ks]
     window = by_distance[:, 1:train_len].clone()
     window[rows, ks - 1] = -math.inf
@@ -624,13 +631,8 @@ def unseen_weight(kernel: Tensor, offset, train_len: int) -> Tensor:
 
     Source: chapter 6 (which heads keep the target at long lengths).
     """
-    if not isinstance(kernel, Tensor) or kernel.dim() != 2:
-        raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
-    m, n = kernel.shape
-    train_len = check_int("train_len", train_len, minimum=3, maximum=n - 1)
-    ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=train_len - 2))
-    by_distance = kernel.detach().double().cpu().flip(1)  # column d holds s(-d)
-    target = by_distance[torch.arange(m), ks]
+    by_distance, ks, train_len = _by_distance(kernel, offset, train_len)
+    target = by_distance[torch.arange(by_distance.shape[0]), ks]
     return torch.logsumexp(by_distance[:, train_len:] - target[:, None], dim=1)
 
 
