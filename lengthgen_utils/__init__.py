@@ -1,28 +1,32 @@
 """lengthgen_utils: the shared package of the lengthgen book.
 
-Data flows one way::
+Data flows one way, through five sub-packages; a module imports only the sub-packages above it (and its
+own), with one exception, ``analysis.probes`` using ``run.training``'s ensemble loss and thread count::
 
-    tasks, positional  ->  attention  ->  models  ->  training  ->  evaluation, kernel, probes, theory  ->  plots
-                                     configs, profiles -> runners (through cache) -> the chapters
+    core  ->  analysis  ->  run  ->  book  ->  tools            (then the chapters)
 
-* ``tasks``: the tasks, behind one protocol (:class:`~lengthgen_utils.core.tasks.Task`);
-* ``positional``: position encodings as objects behind one interface, a registry, RoPE's numerics;
-* ``attention``: masks, scores and normalisers (one place for numerics);
-* ``models``: the retrieval head, the kernel head and the transformer; its ``Transformer`` is the one to
-  read (nanoGPT-shaped, the same RoPE and attention functions the chapters show), while ``fast``'s
-  ``FastTransformer``, tested equal to it (logits, loss, gradients), is the one the book trains;
-* ``training`` / ``evaluation``: one step loop; accuracy and attention by length;
-* ``kernel`` / ``probes`` / ``theory``: the offset kernel and what is read off it; probes of trained
-  models (equivariance, pinning, head profiles); closed forms (dilution, frequency orbits, min-norm interpolant);
-* ``configs`` / ``profiles`` / ``runners`` / ``cache``: experiments as frozen dataclasses, the compute
-  profiles, the functions that run an experiment through the results cache;
-* ``zoo``: every position encoding through the same tasks and probes (chapter 9), over the runners;
-* ``plots`` / ``widgets``: plotly figures and ipywidgets panels (the only modules that import them);
-* ``live``: the web book's live panels, a precomputed figure that the page's own script
-  (``_static/lengthgen_live.js``) retrains in the reader's browser.
+* :mod:`.core`: the model code.
+  ``tasks`` (the tasks behind one protocol, :class:`~lengthgen_utils.core.tasks.Task`), ``seeding`` (the seed
+  base), ``rope`` (RoPE's numerics, written once), ``encodings`` (position encodings as objects behind one
+  interface, and a registry), ``attention`` (masks, scores, normalisers), ``models`` (the retrieval head, the
+  kernel head, a linear RNN and ``Transformer``, the nanoGPT-shaped transformer to read) and ``fast``
+  (``FastTransformer``, the same model in a batched layout, tested equal to it: the one the book trains);
+* :mod:`.analysis`: what is read off trained models. ``kernel`` (a RoPE head's offset kernel, spectrum
+  first), ``probes`` (equivariance, pinning, head profiles), ``theory`` (closed forms: dilution, frequency
+  orbits, the min-norm interpolant);
+* :mod:`.run`: the experiment machinery. ``configs`` and ``profiles`` (experiments as frozen dataclasses, how
+  much a build computes), ``training`` and ``evaluation`` (one step loop; accuracy by length and position),
+  ``cache`` (``load_or_run``), ``results`` (``Runs``, the one result type), ``runners`` (run an experiment
+  through the cache) and ``zoo`` (every encoding through the same tasks, chapter 9);
+* :mod:`.book`: what the pages show, the only part that imports plotly or ipywidgets. ``render``, ``style``,
+  ``sliders``, ``tables`` and ``figures`` (the shared builders), one ``chNN`` module per chapter with its own
+  figures, ``checks`` and ``scoreboard`` (a chapter's checks and the claims they record), ``widgets`` (live
+  explorers in a kernel) and ``live`` (panels the web page retrains, ``_static/lengthgen_live.js``);
+* :mod:`.tools`: beside the book. ``cli`` (``python -m lengthgen_utils``), ``bench``, ``buildtime`` and
+  ``robustness``.
 
-The book's appendix "How the package is built" draws the same map and gives the recipes for
-adding a position encoding and a task.
+The book's appendix "How the package is built" (``architecture.md``) draws the same map, one line per
+module, and gives the recipes for adding a position encoding and a task.
 """
 import os as _os
 
