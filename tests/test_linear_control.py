@@ -130,6 +130,14 @@ def test_kernel_head_run_rejects_settings_its_closed_forms_do_not_cover():
             run_kernel_head(RetrievalExperiment(n_seeds=1, steps=1, **override), cache=False)
 
 
+def test_kernel_head_run_rejects_another_task(monkeypatch):
+    from lengthgen_utils.core import tasks
+
+    monkeypatch.setitem(tasks.QUERY_TASKS, "other-task", FixedOffsetRetrieval)
+    with pytest.raises(ValueError, match="task_family='other-task'"):
+        run_kernel_head(RetrievalExperiment(n_seeds=1, steps=1, task_family="other-task"), cache=False)
+
+
 @pytest.mark.parametrize("model, seed, error", [
     (KernelHead(n_models=2), [0, 1, 2], ValueError),  # one seed per model, or one for all
     (KernelHead(n_models=2), [0, -1], ValueError),

@@ -306,8 +306,12 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
 
     Raises:
         ValueError: ``exp.fixed_length`` or ``exp.min_train_len`` is set (the closed forms assume
-            lengths uniform in ``[offset + 2, train_len]``); a bad ``steps`` or ``lr_fraction``.
+            lengths uniform in ``[offset + 2, train_len]``); ``exp.task_family`` is not ``"fixed-offset"``
+            (the closed forms are those of fixed-offset retrieval); a bad ``steps`` or ``lr_fraction``.
     """
+    if exp.task_family != "fixed-offset":
+        raise ValueError("run_kernel_head's closed forms are those of fixed-offset retrieval; got "
+                         f"task_family={exp.task_family!r} (allowed: 'fixed-offset')")
     if exp.fixed_length or exp.min_train_len is not None:
         raise ValueError("run_kernel_head trains on lengths U{offset + 2 .. train_len} (the closed forms assume them); "
                          f"got fixed_length={exp.fixed_length!r}, min_train_len={exp.min_train_len!r}")
