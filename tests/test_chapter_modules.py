@@ -1,11 +1,14 @@
 """The analysis that chapters 4, 5 and 7 call from their modules (book/ch04.py, ch05.py, ch07.py): each function
 on a tiny hand-built input with a known answer, and its bad input refused naming the argument."""
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils.analysis import kernel
+from lengthgen_utils.analysis import kernel, theory
 from lengthgen_utils.analysis.kernel import CarrierMeasures, CarrierSpectrum
-from lengthgen_utils.book import ch04
+from lengthgen_utils.book import ch04, ch05
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.runners import untrained_heads
 
@@ -99,3 +102,84 @@ def test_null_aucs_and_their_table():
     assert table.cells[-1] == ["PR W_Q^T W_K", "1.00", "3.00 (0.00)", "", "", ""]
     assert table.cells[0] == ["C raw", "3.00", "1.00 (1.00)", "3.00 (0.50)", "5.00 (0.00)", "9.00 (0.00)"]
     assert table.caption.endswith("Nulls: above 3, tie 2, (c) 1, (d) 1")
+
+
+# ================================================================ chapter 5
+def test_count_kinds_keeps_the_order_of_first_appearance():
+    assert ch05.count_kinds(["cliff", "holds", "cliff"]) == "cliff 2, holds 1"
+    assert ch05.count_kinds(k for k in ["holds"]) == "holds 1"
+    assert ch05.count_kinds([]) == ""
+
+
+def test_regimes_table_gives_ranges_and_counts_per_regime():
+    law = {"a": dict(margin=torch.tensor([1.0, 3.25]), kappa=torch.tensor([2.0, 4.0]), r2=torch.tensor([0.95, 0.5]))}
+    fall = {"a": dict(kind=["cliff", "cliff"])}
+    table = ch05.regimes_table(law, fall, 1024)
+    assert table.cells == [["a", "1.0..3.2", "2.0..4.0", "1/2", "cliff 2"]]
+    assert "up to 1024 tokens" in table.caption
+    with pytest.raises(ValueError, match="^law and fall must name the same regimes"):
+        ch05.regimes_table(law, {"b": fall["a"]}, 1024)
+
+
+def test_resolved_heads_keep_the_largest_kappa_that_the_kernel_resolves():
+    law = {"a": {"kappa": torch.tensor([1.0, 20.0, 3.0, 2.0])}, "b": {"kappa": torch.tensor([30.0])}}
+    # 10^4 e^-kappa >= 1000 for kappa <= log 10 = 2.30: heads 0 and 3, the larger kappa first
+    resolved = ch05.resolved_heads(law, 10_000)
+    assert resolved["a"].tolist() == [3, 0] and resolved["b"].tolist() == []
+    assert ch05.resolved_heads(law, 10_000, n_keep=1)["a"].tolist() == [3]
+    with pytest.raises(ValueError, match="^n_long must be"):
+        ch05.resolved_heads(law, 0)
+    with pytest.raises(ValueError, match="^resolved must hold at least one head"):
+        ch05.long_kernel_errors({}, law, {"b": resolved["b"]}, 16, 10_000)
+
+
+def test_independent_slope_is_the_product_of_bessel_factors():
+    spec, ks = _spectrum(4, seed=1), [1, 2, 3, 5]
+    target = (spec.r * torch.cos(-spec.theta * torch.tensor(ks, dtype=torch.float64)[:, None] - spec.phi)).sum(1)
+    bessel = torch.exp(-target) * torch.special.i0(spec.r).prod(1)
+    torch.testing.assert_close(ch05.independent_slope(spec, ks), bessel)
+
+
+def test_mass_at_fall_reads_the_ratio_at_the_fall_and_p_star_from_the_value_table():
+    # [M, V + 1, V], V = 2: head 0 reads its token out; head 1 reads token 0 as class 1 (no p* exists)
+    table = torch.tensor([[[4.0, 0.0], [0.0, 4.0], [1.0, 1.0]], [[0.0, 9.0], [1.0, 1.0], [0.0, 0.0]]])
+    model = SimpleNamespace(value_table=lambda: table)
+    law = {"a": {"ratio": torch.tensor([[0.0, 1.0, 3.0], [0.0, 0.5, 0.25]])}}
+    fall = {"a": {"high": [18, 17]}}
+    heads = {"a": (model, [1, 1], None)}
+    p_at_fall, p_star = ch05.mass_at_fall([("a", 0), ("a", 1)], heads, law, fall, 16, 2)
+    # head 0 falls at 18 (column 2: ratio 3, p = 1/4); head 1 at 17 (ratio 0.5, p = 2/3)
+    expected = theory.critical_target_mass(table[:, :2], undefined="nan").numpy()
+    assert np.isfinite(expected).tolist() == [True, False]  # head 1 has no p*: it is left out
+    np.testing.assert_allclose(p_at_fall, [0.25])
+    np.testing.assert_allclose(p_star, expected[:1])
+    fall_none = {"a": {"high": [None, None]}}
+    assert [len(x) for x in ch05.mass_at_fall([("a", 0)], heads, law, fall_none, 16, 2)] == [0, 0]
+    with pytest.raises(ValueError, match="^train_len must be"):
+        ch05.mass_at_fall([], heads, law, fall, 0, 2)
+
+
+def test_scaled_logits_and_margin_regimes_refuse_a_bad_sample_count():
+    with pytest.raises(ValueError, match="^n_samples must be"):
+        ch05.scaled_logits(None, [1], [], [16, 32], 16, None, 0)
+    with pytest.raises(TypeError, match="^n_samples must be an int"):
+        ch05.margin_regimes(None, None, (1,), [], [16], 1.5)
+
+
+def test_intervention_table_counts_the_heads_without_an_alias():
+    lengths = 3
+    plain = torch.tensor([[0.5, 0.25, 0.1], [0.5, 0.5, 0.5], [0.9, 0.5, 0.2]], dtype=torch.float64)
+    scaled = torch.tensor([[0.5, 0.4, 0.5], [0.5, 0.5, 0.5], [0.9, 0.6, 0.5]], dtype=torch.float64)
+    v = dict(plain=plain, scaled=scaled, clean=torch.tensor([True, False, True]), gap=torch.tensor([2.0, 0.0, 3.0]),
+             plain_acc=torch.full((3, lengths), 0.5), scaled_acc=torch.full((3, lengths), 0.75))
+    table = ch05.intervention_table({"r": v}, 16, 64)
+    rows = {row[0]: row[1] for row in table.cells}
+    assert rows["heads without an aliasing key up to L"] == "2/3"
+    # 1/p - 1 at 64: plain 9 and 4, scaled 1 and 1; scaled ends below its start (1 and 1/9): the first head only
+    assert rows["plain / scaled at 64"] == "4 to 9e+00"
+    assert rows["scaled, below its value at 16"] == "1/2"
+    assert table.cells[6][1] == "2.0..2.0 nats below" and table.cells[8][1] == "3.0..3.0 nats below"
+    assert rows["mean accuracy at 64, plain / scaled"] == "0.500 / 0.750"
+    assert table.header == ["heads without an alias", "r"]
+    with pytest.raises(ValueError, match="^scaled must hold"):
+        ch05.intervention_table({}, 16, 64)
