@@ -8,7 +8,8 @@ import torch
 
 from lengthgen_utils.analysis import kernel, theory
 from lengthgen_utils.analysis.kernel import CarrierMeasures, CarrierSpectrum
-from lengthgen_utils.book import ch04, ch05
+from lengthgen_utils.analysis.probes import copying_heads
+from lengthgen_utils.book import ch04, ch05, ch07
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.runners import untrained_heads
 
@@ -183,3 +184,70 @@ def test_intervention_table_counts_the_heads_without_an_alias():
     assert table.header == ["heads without an alias", "r"]
     with pytest.raises(ValueError, match="^scaled must hold"):
         ch05.intervention_table({}, 16, 64)
+
+
+# ================================================================ chapter 7
+def _weight():
+    w = torch.zeros(2, 2, 3, 8)  # [M, n_layers, n_heads, d]
+    w[0, 1, 2, 5] = 1.0
+    w[1, 0, 1, 5] = 1.0
+    w[1, 1, 0, 3] = 2.0  # the largest weight of model 1, but at another distance
+    return w
+
+
+def test_copying_head_pairs_are_layer_head_pairs():
+    w = _weight()
+    assert ch07.copying_head_pairs(w, 5) == [(1, 2), (0, 1)]
+    assert ch07.copying_head_pairs(w, 3)[1] == (1, 0)
+    with pytest.raises(ValueError, match="^weight must be a tensor"):
+        ch07.copying_head_pairs(w[0], 5)
+    with pytest.raises(ValueError, match="^offset must be in"):
+        ch07.copying_head_pairs(w, 8)
+    with pytest.raises(TypeError, match="^offset must be an int"):
+        ch07.copying_head_pairs(w, 5.0)
+
+
+def test_head_rows_pick_each_models_head():
+    values = torch.arange(2 * 2 * 3 * 4).reshape(2, 2, 3, 4)
+    rows = ch07.head_rows(values, [(1, 2), (0, 1)])
+    assert rows.tolist() == [values[0, 1, 2].tolist(), values[1, 0, 1].tolist()]
+    # the same rows as the flat index layer * n_heads + head over (layer, head)
+    flat = torch.tensor([1 * 3 + 2, 0 * 3 + 1])
+    assert torch.equal(rows, values.flatten(1, 2)[torch.arange(2), flat])
+    with pytest.raises(ValueError, match="^pairs must hold one"):
+        ch07.head_rows(values, [(1, 2)])
+    with pytest.raises(ValueError, match="^pairs must lie in 2 layers x 3 heads"):
+        ch07.head_rows(values, [(1, 2), (2, 0)])
+    with pytest.raises(ValueError, match="^values must be a tensor"):
+        ch07.head_rows(values.numpy(), [(1, 2), (0, 1)])
+
+
+def _carriers(seed):
+    w = _weight() + 0.01 * torch.rand(2, 2, 3, 8, generator=torch.Generator().manual_seed(seed))
+    logit = torch.randn(2, 2, 3, 8, generator=torch.Generator().manual_seed(seed + 1))
+    window = kernel.relative_positions(8)[:-1]  # D = -7 .. -1
+    fit = kernel.CarrierFit(_spectrum(12, seed), window, torch.linspace(0.5, 1.0, 12, dtype=torch.float64))
+    return fit, logit, w
+
+
+def test_copying_head_fit_and_carrier_stats_index_the_fit_in_model_layer_head_order():
+    trained, null = _carriers(0), _carriers(5)
+    pairs, r2, peaks = ch07.copying_head_fit(trained, 5, 8)
+    assert pairs == [(1, 2), (0, 1)]
+    flat = copying_heads(trained[2], 5) + torch.arange(2) * 6  # the rows of the fit over (model, layer, head)
+    assert flat.tolist() == [5, 7]
+    torch.testing.assert_close(r2, trained[0].r2[flat])
+    assert peaks.tolist() == [int(trained[1][0, 1, 2, 1:8].argmax()) + 1, int(trained[1][1, 0, 1, 1:8].argmax()) + 1]
+    stats = ch07.carrier_stats(trained, null, 5, 8)
+    measured = kernel.measures(trained[0].spectrum, 5, trained[0].window).as_dict()
+    untrained = kernel.measures(null[0].spectrum, 5, null[0].window).as_dict()
+    null_peak = null[1][..., 1:8].flatten(0, 2).argmax(1) + 1
+    for name in measured:
+        torch.testing.assert_close(stats[name]["trained"], measured[name][flat])
+        torch.testing.assert_close(stats[name]["rule"], untrained[name][copying_heads(null[2], 5) + torch.arange(2) * 6])
+        torch.testing.assert_close(stats[name]["conditioned"], untrained[name][null_peak == 5])
+    table = ch07.copying_head_table({5: trained}, {5: (pairs, r2, peaks)})
+    assert table.cells[0][:2] == ["5", "2.3, 1.2"]  # layer.head, 1-based
+    assert table.cells[0][3] == f"{r2.min():.4f}"
+    with pytest.raises(ValueError, match="^carriers and trained_heads must name the same offsets"):
+        ch07.copying_head_table({5: trained}, {1: (pairs, r2, peaks)})
