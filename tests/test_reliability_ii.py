@@ -546,7 +546,9 @@ ONE_VALUE = {
                "tasks.LaggedSum", "theory.trained_relative_positions", "theory.min_norm_interpolant",
                "theory.squared_loss_quadratic", "theory.expected_squared_error", "theory.linear_noise_ratio",
                "widgets.RetrievalExplorer", "live.kernel_panel",
-               "live.kernel_report"},  # one experiment, task, closed form, control or live panel: one offset
+               "live.kernel_report",  # one experiment, task, closed form, control or live panel: one offset
+               "ch07.copying_head_pairs", "ch07.copying_head_fit",
+               "ch07.carrier_stats"},  # chapter 7: one delayed-copy run, one offset for all its models
     "seeds": {  # a result's record, filled by the runner
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows

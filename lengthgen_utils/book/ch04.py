@@ -1,13 +1,19 @@
-"""Chapter 4, the carrier kernel: its figures (the kernels, the spectrum, the nulls, the aliases)."""
+"""Chapter 4, the carrier kernel: its figures (the kernels, the spectrum, the nulls, the aliases) and the
+analysis behind its two long sections (the nulls; the aliases and where heads fail)."""
 from __future__ import annotations
 
 
 import numpy as np
 import plotly.graph_objects as go
+import torch
 
 from .._validate import check_int, per_model
+from ..analysis.kernel import (carrier_spectrum, first_alias, measures, predicted_alias_distance,
+                               shuffled_phases)
+from ..analysis.theory import pair_recurrences, separation_auc
 from .sliders import slider_figure
 from .style import PALETTE, SEED_COLORS
+from .tables import Table
 
 
 def kernel_panel(offsets, kernel, target_offset: int, train_len: int, title: str, y_range=None) -> go.Figure:
@@ -123,6 +129,117 @@ def reconstruction_figure(ranks, explained: dict, title: str) -> go.Figure:
 
 def _int_or_none(label: str, value):
     return None if value is None else check_int(label, value)
+
+
+# --- far keys: aliases and where heads fail (chapter 4, "Far keys" and "The design lesson")
+def first_failure(lengths, accuracy, threshold: float = 0.95) -> list:
+    """Each model's first evaluated length with accuracy below ``threshold``.
+
+    Args:
+        lengths: ``[n]`` evaluated lengths (tokens), in increasing order.
+        accuracy: ``[M, n]`` accuracy (fraction) of each model at each length.
+        threshold: the accuracy that counts as failing below it.
+
+    Returns:
+        per model, the first length with accuracy ``< threshold`` (int), or None where none is.
+
+    Raises:
+        ValueError: ``accuracy`` is not ``[M, len(lengths)]``.
+
+    Source: chapter 4, "Far keys: aliases come from the frequency set".
+    """
+    lengths = list(lengths)
+    acc = torch.as_tensor(accuracy)
+    if acc.dim() != 2 or acc.shape[1] != len(lengths):
+        raise ValueError(f"accuracy must be [M, {len(lengths)}] (one column per length); got {tuple(acc.shape)}")
+    return [next((L for L, a in zip(lengths, row.tolist()) if a < threshold), None) for row in acc]
+
+
+def first_length_holding(alias, lengths) -> list:
+    """Each model's first evaluated length that holds its alias: the first ``L >= d + 1``.
+
+    Args:
+        alias: per model, an alias distance ``d`` (tokens) or None (no alias).
+        lengths: evaluated lengths (tokens), in increasing order.
+
+    Returns:
+        per model, that length (int), or None where the alias is None or beyond every length.
+
+    Raises:
+        TypeError: ``alias`` holds something other than ints and None.
+
+    Source: chapter 4, "Far keys: aliases come from the frequency set".
+    """
+    alias = [_int_or_none(f"alias[{i}]", a) for i, a in enumerate(alias)]
+    return [next((L for L in lengths if a is not None and L >= a + 1), None) for a in alias]
+
+
+def alias_report(model, offsets, lengths, accuracy, train_len: int, max_distance: int) -> dict:
+    """The aliases of a head ensemble, predicted and scanned, against where its accuracy fails.
+
+    Args:
+        model: a RoPE head ensemble of M heads.
+        offsets: the target offset k of each head.
+        lengths: ``[n]`` evaluated lengths (tokens); accuracy: ``[M, n]`` (fraction).
+        train_len: the training length (tokens).
+        max_distance: the largest distance searched for an alias (tokens).
+
+    Returns:
+        a dict: ``predicted`` (:func:`~lengthgen_utils.analysis.kernel.predicted_alias_distance`) and
+        ``scanned`` (:func:`~lengthgen_utils.analysis.kernel.first_alias`), per head an alias distance or
+        None; ``fail`` (:func:`first_failure` at 0.95) and ``predicted_fail`` (:func:`first_length_holding`
+        of the prediction), per head a length or None; ``coverage``, the median over heads of the share of
+        all lags ``1 .. max_distance`` where its dominant pairs recur; ``longest``, the longest length;
+        ``ks``, the offsets as a list.
+
+    Raises:
+        ValueError / TypeError: from the kernel functions (bad offsets or distances) or :func:`first_failure`.
+
+    Source: chapter 4, "Far keys: aliases come from the frequency set".
+    """
+    predicted, dominant = predicted_alias_distance(model, offsets, train_len, max_distance)
+    scanned = first_alias(model, offsets, train_len, max_distance)
+    theta = carrier_spectrum(model).theta
+    coverage = np.median([len(pair_recurrences(theta, d.tolist(), max_distance)) / max_distance
+                          for d in dominant])
+    return dict(predicted=predicted, scanned=scanned, fail=first_failure(lengths, accuracy),
+                predicted_fail=first_length_holding(predicted, lengths), coverage=coverage,
+                longest=max(lengths), ks=list(offsets))
+
+
+def alias_summary(base: float, report: dict) -> str:
+    """One line on an :func:`alias_report`: how often the prediction equals the scan and the failure.
+
+    Source: chapter 4, "Far keys: aliases come from the frequency set".
+    """
+    n = len(report["ks"])
+    agree = sum(p == s for p, s in zip(report["predicted"], report["scanned"]))
+    fails = sum(p == f for p, f in zip(report["predicted_fail"], report["fail"]))
+    return (f"base {base:g}: predicted = scanned alias for {agree}/{n} heads "
+            f"(candidate lags: {report['coverage']:.1%} of all); predicted = measured first failing "
+            f"length for {fails}/{n}")
+
+
+def alias_table(report: dict, rows: dict, n_seeds: int) -> Table:
+    """Each head's predicted first alias and first failing length, one row per offset, one column per seed.
+
+    Args:
+        report: an :func:`alias_report`.
+        rows: ``{k: the indices of offset k's heads}``, one per seed (e.g. ``sweep.rows(offset=k)``).
+        n_seeds: the number of seed columns.
+
+    Raises:
+        ValueError: a row does not hold ``n_seeds`` heads.
+
+    Source: chapter 4, "Far keys: aliases come from the frequency set".
+    """
+    for k, heads in rows.items():
+        if len(heads) != n_seeds:
+            raise ValueError(f"rows[{k}] must hold one head per seed ({n_seeds}); got {len(heads)}")
+    cells = [[k] + [f"{report['predicted'][i]} / {report['fail'][i]}" for i in heads] for k, heads in rows.items()]
+    return Table(["k"] + [f"seed {s}" for s in range(n_seeds)], cells,
+                 caption="Base 10^4, each head: predicted first alias distance / first length with "
+                 "accuracy below 0.95 (None: none found)")
 
 
 def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int, alias_search: int,
@@ -270,6 +387,92 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
 
 
 # --- decisive evidence: nulls, aliases, regimes (chapters 4 and 5)
+def carrier_nulls(null_heads, spec, head_offsets, offsets, train_len: int, n_draws: int = 300) -> dict:
+    """The carrier measures of the four nulls of "Is it training? Three nulls".
+
+    Args:
+        null_heads: an untrained RoPE head ensemble (e.g. ``runners.untrained_heads``), ``N`` heads with ``N`` a
+            multiple of ``len(offsets)``; head ``i`` is measured at offset ``offsets[i % len(offsets)]``.
+        spec: the trained heads' :class:`~lengthgen_utils.analysis.kernel.CarrierSpectrum` (M heads).
+        head_offsets: the offset k of each trained head (M ints).
+        offsets: the task offsets (e.g. ``(1, 2, 3, 5)``).
+        train_len: the training length (the window ``D = -(train_len - 1) .. 0``).
+        n_draws: shuffled-phase draws per trained head (seed 0 of
+            :func:`~lengthgen_utils.analysis.kernel.shuffled_phases`).
+
+    Returns:
+        ``{null name: CarrierMeasures}`` for "(a) untrained", "(b) untrained, peak at -k" (the untrained heads
+        whose window argmax is at a task offset, with that offset as their k), "(c) shuffled phases" and
+        "(c) shuffled, peak at -k".
+
+    Raises:
+        ValueError: ``offsets`` is empty or the number of null heads is not a multiple of ``len(offsets)``.
+
+    Source: chapter 4, "Is it training? Three nulls".
+    """
+    offsets = torch.tensor(list(offsets))
+    if offsets.numel() == 0:
+        raise ValueError("offsets must hold at least one offset")
+    null_spec = carrier_spectrum(null_heads)
+    n_null = null_spec.r.shape[0]
+    if n_null % len(offsets):
+        raise ValueError(f"null_heads must hold a multiple of len(offsets) = {len(offsets)} heads; got {n_null}")
+    untrained = measures(null_spec, offsets.repeat(n_null // len(offsets)), train_len)
+    at_k = torch.isin(untrained.peak_distance, offsets)
+    conditioned = measures(null_spec.select(at_k), untrained.peak_distance[at_k], train_len)
+    shuffled_k = torch.tensor(list(head_offsets)).repeat_interleave(n_draws)
+    shuffled = measures(shuffled_phases(spec, n_draws), shuffled_k, train_len)
+    return {
+        "(a) untrained": untrained,
+        "(b) untrained, peak at -k": conditioned,
+        "(c) shuffled phases": shuffled,
+        "(c) shuffled, peak at -k": shuffled.select(shuffled.peak_distance == shuffled_k),
+    }
+
+
+def null_aucs(trained, nulls: dict) -> dict:
+    """The AUC of the trained heads against every null, for every carrier measure.
+
+    Args:
+        trained: the trained heads' :class:`~lengthgen_utils.analysis.kernel.CarrierMeasures`.
+        nulls: ``{null name: CarrierMeasures}`` (:func:`carrier_nulls`).
+
+    Returns:
+        ``{measure: {null name: AUC}}`` (:func:`~lengthgen_utils.analysis.theory.separation_auc`, floats in
+        [0, 1]; 1: every trained head above every null head).
+
+    Raises:
+        ValueError: ``nulls`` is empty, or a group is empty (from ``separation_auc``).
+
+    Source: chapter 4, "Is it training? Three nulls".
+    """
+    if not nulls:
+        raise ValueError("nulls must hold at least one null")
+    return {m: {n: separation_auc(x, nulls[n].as_dict()[m]) for n in nulls}
+            for m, x in trained.as_dict().items()}
+
+
+def nulls_table(trained, nulls: dict, auc: dict, qk_rank, null_qk) -> Table:
+    """Median of each measure in the trained heads and in each null, with the trained heads' AUC against it.
+
+    Args:
+        trained, nulls, auc: as :func:`null_aucs` takes and returns them.
+        qk_rank, null_qk: the participation ratio of ``W_Q^T W_K`` of the trained and the untrained heads
+            (:func:`~lengthgen_utils.analysis.kernel.qk_effective_rank`); shuffled phases have no weights.
+
+    Source: chapter 4, "Is it training? Three nulls".
+    """
+    qk_auc = separation_auc(qk_rank, null_qk)
+    sizes = ", ".join(f"{n} {len(v.peak_z)}" for n, v in nulls.items())
+    cells = [[m, f"{x.median():.2f}"] + [f"{nulls[n].as_dict()[m].median():.2f} ({auc[m][n]:.2f})" for n in nulls]
+             for m, x in trained.as_dict().items()]
+    cells.append(["PR W_Q^T W_K", f"{qk_rank.median():.2f}", f"{null_qk.median():.2f} ({qk_auc:.2f})"]
+                 + [""] * (len(nulls) - 1))
+    return Table(["measure", "trained", "(a)", "(b)", "(c)", "(c), peak at -k"], cells,
+                 caption="Median of each measure in the trained heads and in each null; in "
+                 f"brackets the AUC of the trained heads against that null. Nulls: {sizes}")
+
+
 def measure_vs_nulls(groups: dict, measure: str, title: str, y_title: str | None = None) -> go.Figure:
     """One measure's distribution in trained heads and in each null, as box plots side by side.
 

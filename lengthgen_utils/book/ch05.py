@@ -1,16 +1,25 @@
-"""Chapter 5, the dilution law: its figures (exact and mean-field dilution, cliffs, where the law holds)."""
+"""Chapter 5, the dilution law: its figures (exact and mean-field dilution, cliffs, where the law holds) and
+the analysis behind its long cells (the regimes, the law on a long kernel, the mass at the fall, the
+log-length scale)."""
 from __future__ import annotations
 
 
 import numpy as np
 import plotly.graph_objects as go
+import torch
 
-from .._validate import per_model, per_model_rows
+from .._validate import check_int, per_model, per_model_rows
+from ..analysis.kernel import carrier_spectrum, first_alias, mean_distractor_weight, offset_kernel
+from ..analysis.theory import critical_target_mass, exact_target_mass, long_run_slope, mean_field_parameters
+from ..run.configs import margin_sweep, rope_base_experiment
+from ..run.evaluation import accuracy_by_length
+from ..run.runners import run_offset_sweep, run_snapshots
 from .ch04 import _int_or_none
 from .figures import _log_x_marker
 from .render import FIGURE_HEIGHT
 from .sliders import slider_figure
 from .style import PALETTE
+from .tables import Table
 
 
 def _distractor_ratio(p):
@@ -70,6 +79,171 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
     return slider_figure({str(lab): dilution_panel(lengths, measured[i], (exact[0], p_exact[i]),
                                                    (mean_field[0], p_mf[i]), title)
                           for i, lab in enumerate(labels)}, "")
+
+
+# --- heads with large and small margins (chapter 5, "Heads with large and small margins")
+def margin_regimes(profile, book, offsets, tasks, lengths, n_samples: int) -> dict:
+    """Every regime of the margin sweep: its heads, their offsets and their accuracy on a fine grid.
+
+    The book's recipe first (``book``, chapter 1's RoPE heads, evaluated here), then each of the profile's
+    ``margin_controls`` in order: ``"base"`` adds chapter 4's heads of each of the profile's ``rope_bases``
+    (evaluated here), every other control the snapshots of its :func:`~lengthgen_utils.run.configs.margin_sweep`
+    (their accuracy as recorded).
+
+    Args:
+        profile: the build's :class:`~lengthgen_utils.run.profiles.Profile`.
+        book: the book recipe's run (:func:`~lengthgen_utils.run.runners.run_offset_sweep`): ``model``, ``offsets``.
+        offsets: the task offsets the sweeps train (e.g. ``(1, 2, 3, 5)``).
+        tasks: one task per head of ``book`` (the heads of every regime have the same offsets in the same order).
+        lengths: the fine grid of lengths (tokens).
+        n_samples: sequences per length for the accuracies measured here.
+
+    Returns:
+        ``{regime name: (model, offsets, accuracy [M, len(lengths)])}``, e.g. "book recipe", "steps, step 200",
+        "base 10".
+
+    Raises:
+        ValueError / TypeError: ``n_samples`` is not an int >= 1; bad controls or bases (from the runners).
+
+    Source: chapter 5, "Heads with large and small margins".
+    """
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    heads = {"book recipe": (book.model, book.offsets,
+                             accuracy_by_length(book.model, tasks, lengths, n_samples=n_samples))}
+    for control in profile.margin_controls:
+        if control == "base":
+            for b in profile.rope_bases:
+                run = run_offset_sweep(rope_base_experiment(profile, b), offsets=offsets)  # chapter 4's heads
+                heads[f"base {b:g}"] = (run.model, run.offsets,
+                                        accuracy_by_length(run.model, tasks, lengths, n_samples=n_samples))
+            continue
+        snap = run_snapshots(margin_sweep(profile, control, offsets))
+        for step, at_step in snap.by("step").items():
+            heads[f"{control}, step {step}"] = (at_step.model, at_step.offsets, at_step.accuracy)
+    return heads
+
+
+def count_kinds(kinds) -> str:
+    """``"cliff 3, holds 5"``: how many heads fall each way, in the order the kinds first appear.
+
+    Args:
+        kinds: per head, how its accuracy falls (the ``"kind"`` of
+            :func:`~lengthgen_utils.analysis.probes.accuracy_transition`).
+
+    Source: chapter 5.
+    """
+    kinds = list(kinds)
+    return ", ".join(f"{k} {kinds.count(k)}" for k in dict.fromkeys(kinds))
+
+
+def regimes_table(law: dict, fall: dict, max_len: int) -> Table:
+    """Each regime's range of margins and of κ, how many heads the long-run law describes, how accuracy falls.
+
+    Args:
+        law: ``{regime: kernel.dilution_law_fit(...)}`` (``margin``, ``kappa``, ``r2`` per head).
+        fall: ``{regime: probes.accuracy_transition(...)}`` (``kind`` per head), the same regimes.
+        max_len: the longest length of the fit (tokens), named in the caption.
+
+    Raises:
+        ValueError: ``law`` and ``fall`` name different regimes.
+
+    Source: chapter 5, "Heads with large and small margins".
+    """
+    if list(law) != list(fall):
+        raise ValueError(f"law and fall must name the same regimes; got {list(law)} and {list(fall)}")
+    rows = []
+    for name in law:
+        f, m = fall[name], law[name]
+        rows.append({
+            "regime": name,
+            "margin (nats)": f"{m['margin'].min():.1f}..{m['margin'].max():.1f}",
+            "κ": f"{m['kappa'].min():.1f}..{m['kappa'].max():.1f}",
+            "R² ≥ 0.9": f"{int((m['r2'] >= 0.9).sum())}/{len(f['kind'])}",
+            "how accuracy falls": count_kinds(f["kind"]),
+        })
+    return Table.from_rows(rows, caption="Each regime: the range of its heads' margins and of κ, how many heads "
+                           f"the long-run law describes (R² ≥ 0.9 up to {max_len} tokens), and how accuracy "
+                           "falls on the fine grid")
+
+
+# --- the law on a long kernel (chapter 5, "The law on a long kernel")
+def resolved_heads(law: dict, n_long: int, n_keep: int = 2, min_hits: float = 1000.0) -> dict:
+    """Per regime, the heads a kernel of ``n_long`` relative positions resolves, the hardest first.
+
+    A head is resolved when ``n_long e^-κ >= min_hits``: its rare peaks of ``e^s`` are met often enough for
+    an average over ``n_long`` keys to be the long-run one.
+
+    Args:
+        law: ``{regime: kernel.dilution_law_fit(...)}`` (``kappa [M]`` per regime).
+        n_long: the kernel's length (relative positions).
+        n_keep: heads kept per regime, those of largest κ.
+        min_hits: the smallest ``n_long e^-κ`` that counts as resolved.
+
+    Returns:
+        ``{regime: long tensor of head indices}`` (at most ``n_keep``, by decreasing κ; may be empty).
+
+    Raises:
+        ValueError / TypeError: ``n_long`` or ``n_keep`` is not an int >= 1.
+
+    Source: chapter 5, "The law on a long kernel".
+    """
+    n_long, n_keep = check_int("n_long", n_long, minimum=1), check_int("n_keep", n_keep, minimum=1)
+    resolved = {}
+    for name, fit in law.items():
+        kappa = fit["kappa"]
+        ok = torch.nonzero(n_long * torch.exp(-kappa) >= min_hits).flatten()
+        resolved[name] = ok[kappa[ok].argsort(descending=True)[:n_keep]]
+    return resolved
+
+
+def independent_slope(spec, offsets):
+    """The long-run slope if every frequency pair were independent: the product of one Bessel factor per pair.
+
+    Args:
+        spec: a :class:`~lengthgen_utils.analysis.kernel.CarrierSpectrum` of M heads.
+        offsets: the target offset k of each head.
+
+    Returns:
+        float64 ``[M]``: :func:`~lengthgen_utils.analysis.theory.long_run_slope` with each pair its own orbit.
+
+    Source: chapter 5, "The law on a long kernel".
+    """
+    singles = [(float(t), ((i, 1),)) for i, t in enumerate(spec.theta.tolist())]
+    return long_run_slope(spec.r, spec.phi, spec.theta, offsets, orbits=singles)
+
+
+def long_kernel_errors(heads: dict, law: dict, resolved: dict, train_len: int, n_long: int):
+    """The measured mean distractor weight of the resolved heads against the orbit law and independent phases.
+
+    Args:
+        heads: ``{regime: (model, offsets, accuracy)}`` (:func:`margin_regimes`).
+        law: ``{regime: kernel.dilution_law_fit(...)}`` (``slope [M]``).
+        resolved: ``{regime: head indices}`` (:func:`resolved_heads`); regimes without one are skipped.
+        train_len: the training length: keys at distances ``train_len .. n_long`` are averaged.
+        n_long: the kernel's length (relative positions).
+
+    Returns:
+        ``(rel_orbit, rel_bessel)``, float64 ``[n]`` over the resolved heads in regime order: measured slope
+        over the orbit law's minus 1, and over :func:`independent_slope` minus 1.
+
+    Raises:
+        ValueError: no regime has a resolved head.
+
+    Source: chapter 5, "The law on a long kernel".
+    """
+    rel_orbit, rel_bessel = [], []
+    for name, rows in resolved.items():
+        if len(rows) == 0:
+            continue
+        model, offsets, _ = heads[name]
+        sub, sub_ks = model.subset(rows.tolist()), [offsets[i] for i in rows.tolist()]
+        measured_slope = mean_distractor_weight(sub, sub_ks, train_len, n_long)
+        bessel = independent_slope(carrier_spectrum(sub), sub_ks)
+        rel_orbit.append(measured_slope / law[name]["slope"][rows] - 1)
+        rel_bessel.append(measured_slope / bessel - 1)
+    if not rel_orbit:
+        raise ValueError("resolved must hold at least one head")
+    return torch.cat(rel_orbit), torch.cat(rel_bessel)
 
 
 def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str, marks=None,
@@ -213,6 +387,129 @@ def r2_vs_reach(reach, r2, kind, labels, title: str, alias_side: float = 1.0, la
     fig.update_xaxes(title="n e^-κ (log scale)", type="log", range=[lo, hi], exponentformat="power")
     fig.update_yaxes(range=[floor - 0.3, 1.05])
     return fig
+
+
+# --- where does the law hold? (chapter 5)
+def mass_at_fall(lawful, heads: dict, law: dict, fall: dict, train_len: int, vocab_size: int):
+    """For the heads the law describes, the target mass where accuracy falls, and the critical mass p*.
+
+    Args:
+        lawful: ``(regime, head index)`` pairs (e.g. those with ``R² >= 0.9``).
+        heads: ``{regime: (model, offsets, accuracy)}`` (:func:`margin_regimes`).
+        law: ``{regime: kernel.dilution_law_fit(...)}`` (``ratio [M, n]``, ``1/p - 1`` from ``train_len`` on).
+        fall: ``{regime: probes.accuracy_transition(...)}`` (``high``: the first length below 0.9, or None).
+        train_len: the training length (column 0 of ``ratio``).
+        vocab_size: the value table's token columns (the task's vocabulary).
+
+    Returns:
+        ``(p_at_fall, p_star)``, numpy float ``[n]`` over the lawful heads that fall and have a p*:
+        ``1 / (1 + ratio)`` at the first length below 0.9, and
+        :func:`~lengthgen_utils.analysis.theory.critical_target_mass` of the head's value table.
+
+    Raises:
+        ValueError / TypeError: ``train_len`` or ``vocab_size`` is not an int >= 1.
+
+    Source: chapter 5, "Where does the law hold?".
+    """
+    train_len, vocab_size = check_int("train_len", train_len, minimum=1), check_int("vocab_size", vocab_size, minimum=1)
+    p_at_fall, p_star = [], []
+    for name, i in lawful:
+        high = fall[name]["high"][i]
+        if high is None:
+            continue
+        ratio = law[name]["ratio"][i, high - train_len]
+        p_at_fall.append(float(1 / (1 + ratio)))
+        table = heads[name][0].value_table().detach()[i:i + 1, :vocab_size]
+        p_star.append(float(critical_target_mass(table, undefined="nan")[0]))
+    p_at_fall, p_star = np.array(p_at_fall), np.array(p_star)
+    defined = np.isfinite(p_star)  # p* does not exist where a token loses even at full attention
+    return p_at_fall[defined], p_star[defined]
+
+
+# --- intervening on the law (chapter 5, "Intervening on the law")
+def scaled_logits(model, offsets, tasks, lengths, train_len: int, scale, n_samples: int) -> dict:
+    """A regime's heads with plain logits and with a length-aware logit scale, from the kernel and in the model.
+
+    Args:
+        model: a RoPE head ensemble of M heads; offsets: the target offset k of each.
+        tasks: one task per head (for the accuracies).
+        lengths: ``[n]`` lengths (tokens), increasing; the kernel is read up to ``max(lengths)``.
+        train_len: the training length (tokens).
+        scale: ``[n]`` logit scale ``c_L`` per length (e.g. ``theory.log_length_scale``).
+        n_samples: sequences per length for the accuracies.
+
+    Returns:
+        a dict: ``plain`` and ``scaled`` ``[M, n]`` target mass from the kernel
+        (:func:`~lengthgen_utils.analysis.theory.exact_target_mass`); ``clean`` bool ``[M]``, no aliasing key up
+        to ``max(lengths)``; ``margin [M]`` (nats, from the mean-field parameters); ``gap [M]``, the target's
+        logit minus the nearest far key's (nats); ``plain_acc`` and ``scaled_acc`` ``[M, n]`` measured accuracy.
+
+    Raises:
+        ValueError / TypeError: ``n_samples`` is not an int >= 1; bad offsets or lengths (from the kernel).
+
+    Source: chapter 5, "Intervening on the law".
+    """
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    max_len = max(lengths)
+    row = offset_kernel(model, max_len)
+    alias = first_alias(model, offsets, train_len, max_distance=max_len)
+    target = row[torch.arange(len(offsets)), max_len - 1 - torch.tensor(offsets)]
+    return dict(
+        plain=exact_target_mass(row, offsets, lengths),
+        scaled=exact_target_mass(row, offsets, lengths, logit_scale=scale),
+        clean=torch.tensor([a is None for a in alias]),
+        margin=mean_field_parameters(row, offsets, train_len)[0],
+        gap=target - row[:, : max_len - train_len].max(1).values,  # nearest far key
+        plain_acc=accuracy_by_length(model, tasks, lengths, n_samples=n_samples),
+        scaled_acc=accuracy_by_length(model, tasks, lengths, n_samples=n_samples, logit_scale=scale),
+    )
+
+
+def _span(x):
+    """min..max of the nats below the target, or "none" for no head."""
+    return f"{x.min():.1f}..{x.max():.1f} nats below" if len(x) else "none"
+
+
+def _intervention(v, train_len: int, max_len: int):
+    """(quantity, value) rows for the heads without an alias: 1/p - 1, accuracy."""
+    c = v["clean"]
+    plain, scal = 1 / v["plain"][c] - 1, 1 / v["scaled"][c] - 1  # [heads, lengths]
+    cut, rises, gap = plain[:, -1] / scal[:, -1], scal[:, -1] > scal[:, 0], v["gap"][c]
+    acc = f"{v['plain_acc'][:, -1].mean():.3f} / {v['scaled_acc'][:, -1].mean():.3f}"
+    return [
+        ("heads without an aliasing key up to L", f"{int(c.sum())}/{len(c)}"),
+        (f"1/p - 1 at {train_len} (median)", f"{plain[:, 0].median():.1e}"),
+        (f"1/p - 1 at {max_len}, plain (median)", f"{plain[:, -1].median():.1e}"),
+        (f"1/p - 1 at {max_len}, scaled (median)", f"{scal[:, -1].median():.1e}"),
+        (f"plain / scaled at {max_len}", f"{cut.min():.0f} to {cut.max():.0e}"),
+        (f"scaled, below its value at {train_len}", f"{int((~rises).sum())}/{len(rises)}"),
+        ("  nearest key beyond the window", _span(gap[~rises])),
+        (f"scaled, above its value at {train_len}", f"{int(rises.sum())}/{len(rises)}"),
+        ("  nearest key beyond the window", _span(gap[rises])),
+        (f"mean accuracy at {max_len}, plain / scaled", acc),
+    ]
+
+
+def intervention_table(scaled: dict, train_len: int, max_len: int) -> Table:
+    """Plain against log-length scaled logits for the heads without an alias, one column per regime.
+
+    Args:
+        scaled: ``{regime: scaled_logits(...)}`` (:func:`scaled_logits`).
+        train_len: the training length (tokens); max_len: the longest length (tokens).
+
+    Raises:
+        ValueError: ``scaled`` is empty.
+
+    Source: chapter 5, "Intervening on the law".
+    """
+    if not scaled:
+        raise ValueError("scaled must hold at least one regime")
+    columns = {name: _intervention(v, train_len, max_len) for name, v in scaled.items()}
+    first = next(iter(columns.values()))
+    return Table(["heads without an alias"] + list(columns),
+                 [[quantity] + [col[i][1] for col in columns.values()] for i, (quantity, _) in enumerate(first)],
+                 caption=f"Log-length scaled logits (c_L = log L / log {train_len}) against plain ones; L up to "
+                 f"{max_len}")
 
 
 def distractor_ratio_by_head(lengths, plain, scaled, title: str, train_len: int | None = None) -> go.Figure:

@@ -1,11 +1,17 @@
-"""Chapter 7, the transformer: its figures (attention by distance, trained heads against their nulls)."""
+"""Chapter 7, the transformer: its figures (attention by distance, trained heads against their nulls) and
+its copying heads, named by (layer, head) pairs."""
 from __future__ import annotations
 
 
 import numpy as np
 import plotly.graph_objects as go
+import torch
 
+from .._validate import check_int
+from ..analysis.kernel import measures, variation
+from ..analysis.probes import copying_heads
 from .render import FIGURE_HEIGHT
+from .tables import Table
 
 
 def head_offset_heatmap(profile, title: str, max_offset: int | None = None, value: str = "mean attention weight") -> go.Figure:
@@ -73,3 +79,148 @@ def trained_vs_null(groups: dict, title: str, y_title: str, null_names=("untrain
     fig.update_layout(title=title, boxmode="group")
     fig.update_yaxes(title=y_title)
     return fig
+
+
+# --- chapter 7: the copying heads, by (layer, head)
+def _profiles(name: str, values):
+    if not isinstance(values, torch.Tensor) or values.dim() < 3:
+        raise ValueError(f"{name} must be a tensor [M, n_layers, n_heads, ...]; got {getattr(values, 'shape', values)!r}")
+    return values
+
+
+def copying_head_pairs(weight, offset: int) -> list:
+    """The copying head of each model as a ``(layer, head)`` pair (0-based): the head with the largest mean
+    attention weight at distance ``offset`` (:func:`~lengthgen_utils.analysis.probes.copying_heads`).
+
+    Args:
+        weight: ``[M, n_layers, n_heads, n]`` mean attention weight by distance ``d = 0 .. n - 1``.
+        offset: the task's offset k (one int, ``1 <= k < n``).
+
+    Returns:
+        ``M`` pairs ``(layer, head)`` of ints.
+
+    Raises:
+        ValueError / TypeError: ``weight`` is not a 4-d tensor, or ``offset`` is not an int in ``1 .. n - 1``.
+
+    Source: chapter 7, "The heads that copy, and their carrier".
+    """
+    weight = _profiles("weight", weight)
+    offset = check_int("offset", offset, minimum=1, maximum=weight.shape[-1] - 1)
+    n_heads = weight.shape[2]
+    return [divmod(int(h), n_heads) for h in copying_heads(weight, offset)]
+
+
+def head_rows(values, pairs):
+    """Each model's row of one head: ``values[m, layer, head]`` for the pair ``(layer, head)`` of model ``m``.
+
+    Args:
+        values: ``[M, n_layers, n_heads, ...]`` a per-head quantity (e.g. a mean logit by distance).
+        pairs: ``M`` pairs ``(layer, head)`` (:func:`copying_head_pairs`).
+
+    Returns:
+        ``[M, ...]``.
+
+    Raises:
+        ValueError: ``values`` is not a tensor of at least 3 dimensions, ``pairs`` does not hold one pair per
+            model, or a pair lies outside the model.
+
+    Source: chapter 7.
+    """
+    values = _profiles("values", values)
+    pairs = [tuple(int(i) for i in p) for p in pairs]
+    if len(pairs) != values.shape[0] or any(len(p) != 2 for p in pairs):
+        raise ValueError(f"pairs must hold one (layer, head) per model ({values.shape[0]}); got {pairs!r}")
+    n_layers, n_heads = values.shape[1:3]
+    if any(not (0 <= layer < n_layers and 0 <= head < n_heads) for layer, head in pairs):
+        raise ValueError(f"pairs must lie in {n_layers} layers x {n_heads} heads; got {pairs!r}")
+    return torch.stack([values[m, layer, head] for m, (layer, head) in enumerate(pairs)])
+
+
+def _flat_rows(pairs, n_layers: int, n_heads: int):
+    """The rows of ``pairs`` in a fit over every head in the order (model, layer, head)."""
+    return torch.tensor([(m * n_layers + layer) * n_heads + head for m, (layer, head) in enumerate(pairs)])
+
+
+def copying_head_fit(carriers, offset: int, train_len: int) -> tuple:
+    """Each model's copying head, how well the carrier form fits it, and where its mean logit peaks.
+
+    Args:
+        carriers: ``(fit, logit, weight)`` of :func:`~lengthgen_utils.analysis.probes.head_carriers` (logit and
+            weight ``[M, n_layers, n_heads, train_len + 1]``, the fit over every head, in (model, layer, head)).
+        offset: the task's offset k.
+        train_len: the training length: the window is ``d = 1 .. train_len - 1``.
+
+    Returns:
+        ``(pairs, r2, peaks)``: ``M`` pairs ``(layer, head)``; the carrier fit's ``R²`` ``[M]``; the distance
+        ``d`` of the largest mean logit in the window, long ``[M]``.
+
+    Raises:
+        ValueError / TypeError: as :func:`copying_head_pairs`.
+
+    Source: chapter 7, "The heads that copy, and their carrier".
+    """
+    fit, logit, weight = carriers
+    pairs = copying_head_pairs(weight, offset)
+    rows = _flat_rows(pairs, *weight.shape[1:3])
+    peaks = head_rows(logit, pairs)[:, 1:train_len].argmax(1) + 1
+    return pairs, fit.r2[rows], peaks
+
+
+def carrier_stats(carriers, null, offset: int, train_len: int) -> dict:
+    """The carrier measures of the trained copying heads and of two untrained nulls.
+
+    Args:
+        carriers: ``(fit, logit, weight)`` of :func:`~lengthgen_utils.analysis.probes.head_carriers` for the
+            trained models.
+        null: the same for untrained models of the same architecture.
+        offset: the task's offset k.
+        train_len: the training length (the window ``d = 1 .. train_len - 1``).
+
+    Returns:
+        ``{measure: {"trained": [M], "rule": [M_null], "conditioned": [n]}}`` for every measure of
+        :func:`~lengthgen_utils.analysis.kernel.measures`: the trained copying heads; the head the same rule
+        picks in each untrained model ("rule"); every untrained head whose mean logit peaks at ``d = k`` in the
+        window ("conditioned").
+
+    Raises:
+        ValueError / TypeError: as :func:`copying_head_pairs`.
+
+    Source: chapter 7, "The heads that copy, and their carrier".
+    """
+    fit, _, weight = carriers
+    null_fit, null_logit, null_weight = null
+    heads = _flat_rows(copying_head_pairs(weight, offset), *weight.shape[1:3])
+    rule = _flat_rows(copying_head_pairs(null_weight, offset), *null_weight.shape[1:3])
+    null_peak = null_logit[..., 1:train_len].flatten(0, 2).argmax(1) + 1  # every untrained head
+    trained = measures(fit.spectrum, offset, fit.window).as_dict()
+    untrained = measures(null_fit.spectrum, offset, null_fit.window).as_dict()
+    return {name: {"trained": trained[name][heads], "rule": untrained[name][rule],
+                   "conditioned": untrained[name][null_peak == offset]} for name in trained}
+
+
+def copying_head_table(carriers: dict, trained_heads: dict) -> Table:
+    """The copying head of each seed (layer.head, 1-based), its window peak, its fit and its top-2 pairs.
+
+    Args:
+        carriers: ``{k: (fit, logit, weight)}`` (:func:`~lengthgen_utils.analysis.probes.head_carriers`).
+        trained_heads: ``{k: (pairs, r2, peaks)}`` (:func:`copying_head_fit`), the same offsets.
+
+    Raises:
+        ValueError: ``carriers`` and ``trained_heads`` name different offsets.
+
+    Source: chapter 7, "The heads that copy, and their carrier".
+    """
+    if list(carriers) != list(trained_heads):
+        raise ValueError(f"carriers and trained_heads must name the same offsets; got {list(carriers)} "
+                         f"and {list(trained_heads)}")
+    rows = []
+    for k, (pairs, r2, peaks) in trained_heads.items():
+        fit, _, weight = carriers[k]
+        flat = _flat_rows(pairs, *weight.shape[1:3])
+        order = variation(fit.spectrum, fit.window)[flat].argsort(1, descending=True)[:, :2].tolist()
+        top2 = {tuple(sorted(p)) for p in order}
+        rows.append([k, ", ".join(f"{layer + 1}.{head + 1}" for layer, head in pairs),
+                     ", ".join(str(p) for p in peaks.tolist()), f"{r2.min():.4f}", ", ".join(map(str, sorted(top2)))])
+    return Table(["k", "copying head (layer.head), per seed", "window peak d", "fit R² (min)", "top-2 pairs"], rows,
+                 caption="The copying head of each seed, where its mean logit peaks in the window, the carrier fit "
+                 "and its two pairs of largest variation")
