@@ -41,7 +41,7 @@ def toc_notebooks(root: Path = REPO_ROOT) -> list[Path]:
 
     That is the order of their paths, not the table of contents: the build reads (and so executes)
     its pages sorted by name, so the chapters run before the claims scoreboard that reads what they
-    recorded, although the scoreboard comes first in the book.
+    recorded, wherever the table of contents puts it (after chapter 10).
 
     Raises:
         FileNotFoundError: no ``_toc.yml`` in ``root``.
