@@ -182,6 +182,10 @@ def test_intervention_table_counts_the_heads_without_an_alias():
     assert table.cells[6][1] == "2.0..2.0 nats below" and table.cells[8][1] == "3.0..3.0 nats below"
     assert rows["mean accuracy at 64, plain / scaled"] == "0.500 / 0.750"
     assert table.header == ["heads without an alias", "r"]
+    numbers = ch05.intervention_numbers(v)  # what the chapter's prose quotes from the same column
+    assert numbers["rises"].tolist() == [False, True] and numbers["gap"].tolist() == [2.0, 3.0]
+    assert numbers["cut"].tolist() == [9.0, 4.0]
+    assert (numbers["plain_acc"], numbers["scaled_acc"]) == (0.5, 0.75)
     with pytest.raises(ValueError, match="^scaled must hold"):
         ch05.intervention_table({}, 16, 64)
 
