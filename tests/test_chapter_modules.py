@@ -182,6 +182,10 @@ def test_intervention_table_counts_the_heads_without_an_alias():
     assert table.cells[6][1] == "2.0..2.0 nats below" and table.cells[8][1] == "3.0..3.0 nats below"
     assert rows["mean accuracy at 64, plain / scaled"] == "0.500 / 0.750"
     assert table.header == ["heads without an alias", "r"]
+    numbers = ch05.intervention_numbers(v)  # what the chapter's prose quotes from the same column
+    assert numbers["rises"].tolist() == [False, True] and numbers["gap"].tolist() == [2.0, 3.0]
+    assert numbers["cut"].tolist() == [9.0, 4.0]
+    assert (numbers["plain_acc"], numbers["scaled_acc"]) == (0.5, 0.75)
     with pytest.raises(ValueError, match="^scaled must hold"):
         ch05.intervention_table({}, 16, 64)
 
@@ -249,5 +253,11 @@ def test_copying_head_fit_and_carrier_stats_index_the_fit_in_model_layer_head_or
     table = ch07.copying_head_table({5: trained}, {5: (pairs, r2, peaks)})
     assert table.cells[0][:2] == ["5", "2.3, 1.2"]  # layer.head, 1-based
     assert table.cells[0][3] == f"{r2.min():.4f}"
+    top2 = ch07.copying_head_top2({5: trained}, {5: (pairs, r2, peaks)})[5]  # one pair of pairs per seed
+    rank = kernel.variation(trained[0].spectrum, trained[0].window)[flat].argsort(1, descending=True)[:, :2]
+    assert top2 == [tuple(sorted(p)) for p in rank.tolist()]
+    assert table.cells[0][4] == ", ".join(map(str, sorted(set(top2))))
     with pytest.raises(ValueError, match="^carriers and trained_heads must name the same offsets"):
         ch07.copying_head_table({5: trained}, {1: (pairs, r2, peaks)})
+    with pytest.raises(ValueError, match="^carriers and trained_heads must name the same offsets"):
+        ch07.copying_head_top2({5: trained}, {1: (pairs, r2, peaks)})

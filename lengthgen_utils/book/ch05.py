@@ -470,12 +470,34 @@ def _span(x):
     return f"{x.min():.1f}..{x.max():.1f} nats below" if len(x) else "none"
 
 
-def _intervention(v, train_len: int, max_len: int):
-    """(quantity, value) rows for the heads without an alias: 1/p - 1, accuracy."""
+def intervention_numbers(v) -> dict:
+    """What the log-length scale does to one regime's heads without an alias: the numbers of its table column.
+
+    Args:
+        v: one regime's :func:`scaled_logits`.
+
+    Returns:
+        a dict: ``clean`` bool ``[M]`` (no aliasing key); over the clean heads, ``plain`` and ``scaled``
+        ``1/p - 1`` ``[heads, n]``, ``cut`` (plain over scaled ``1/p - 1`` at the longest length), ``rises``
+        (bool: the scaled ratio ends above its value at the first length) and ``gap`` (nats from the target
+        down to the nearest key beyond the window); ``plain_acc`` and ``scaled_acc``, the mean accuracy of all
+        ``M`` heads at the longest length (floats).
+
+    Source: chapter 5, "Intervening on the law".
+    """
     c = v["clean"]
     plain, scal = 1 / v["plain"][c] - 1, 1 / v["scaled"][c] - 1  # [heads, lengths]
-    cut, rises, gap = plain[:, -1] / scal[:, -1], scal[:, -1] > scal[:, 0], v["gap"][c]
-    acc = f"{v['plain_acc'][:, -1].mean():.3f} / {v['scaled_acc'][:, -1].mean():.3f}"
+    return dict(clean=c, plain=plain, scaled=scal, cut=plain[:, -1] / scal[:, -1],
+                rises=scal[:, -1] > scal[:, 0], gap=v["gap"][c],
+                plain_acc=float(v["plain_acc"][:, -1].mean()), scaled_acc=float(v["scaled_acc"][:, -1].mean()))
+
+
+def _intervention(v, train_len: int, max_len: int):
+    """(quantity, value) rows for the heads without an alias: 1/p - 1, accuracy."""
+    x = intervention_numbers(v)
+    c, plain, scal = x["clean"], x["plain"], x["scaled"]
+    cut, rises, gap = x["cut"], x["rises"], x["gap"]
+    acc = f"{x['plain_acc']:.3f} / {x['scaled_acc']:.3f}"
     return [
         ("heads without an aliasing key up to L", f"{int(c.sum())}/{len(c)}"),
         (f"1/p - 1 at {train_len} (median)", f"{plain[:, 0].median():.1e}"),

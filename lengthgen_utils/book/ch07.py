@@ -198,6 +198,33 @@ def carrier_stats(carriers, null, offset: int, train_len: int) -> dict:
                    "conditioned": untrained[name][null_peak == offset]} for name in trained}
 
 
+def copying_head_top2(carriers: dict, trained_heads: dict) -> dict:
+    """The two pairs of largest variation over the window of each seed's copying head.
+
+    Args:
+        carriers: ``{k: (fit, logit, weight)}`` (:func:`~lengthgen_utils.analysis.probes.head_carriers`).
+        trained_heads: ``{k: (pairs, r2, peaks)}`` (:func:`copying_head_fit`), the same offsets.
+
+    Returns:
+        ``{k: [(i, j), ...]}``: per seed, its copying head's two pairs of largest variation, ``i < j``.
+
+    Raises:
+        ValueError: ``carriers`` and ``trained_heads`` name different offsets.
+
+    Source: chapter 7, "The heads that copy, and their carrier".
+    """
+    if list(carriers) != list(trained_heads):
+        raise ValueError(f"carriers and trained_heads must name the same offsets; got {list(carriers)} "
+                         f"and {list(trained_heads)}")
+    top2 = {}
+    for k, (pairs, _, _) in trained_heads.items():
+        fit, _, weight = carriers[k]
+        flat = _flat_rows(pairs, *weight.shape[1:3])
+        order = variation(fit.spectrum, fit.window)[flat].argsort(1, descending=True)[:, :2].tolist()
+        top2[k] = [tuple(sorted(p)) for p in order]
+    return top2
+
+
 def copying_head_table(carriers: dict, trained_heads: dict) -> Table:
     """The copying head of each seed (layer.head, 1-based), its window peak, its fit and its top-2 pairs.
 
@@ -214,11 +241,9 @@ def copying_head_table(carriers: dict, trained_heads: dict) -> Table:
         raise ValueError(f"carriers and trained_heads must name the same offsets; got {list(carriers)} "
                          f"and {list(trained_heads)}")
     rows = []
+    top2_of = copying_head_top2(carriers, trained_heads)
     for k, (pairs, r2, peaks) in trained_heads.items():
-        fit, _, weight = carriers[k]
-        flat = _flat_rows(pairs, *weight.shape[1:3])
-        order = variation(fit.spectrum, fit.window)[flat].argsort(1, descending=True)[:, :2].tolist()
-        top2 = {tuple(sorted(p)) for p in order}
+        top2 = set(top2_of[k])
         rows.append([k, ", ".join(f"{layer + 1}.{head + 1}" for layer, head in pairs),
                      ", ".join(str(p) for p in peaks.tolist()), f"{r2.min():.4f}", ", ".join(map(str, sorted(top2)))])
     return Table(["k", "copying head (layer.head), per seed", "window peak d", "fit R² (min)", "top-2 pairs"], rows,
