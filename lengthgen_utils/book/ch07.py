@@ -237,11 +237,8 @@ def copying_head_table(carriers: dict, trained_heads: dict) -> Table:
 
     Source: chapter 7, "The heads that copy, and their carrier".
     """
-    if list(carriers) != list(trained_heads):
-        raise ValueError(f"carriers and trained_heads must name the same offsets; got {list(carriers)} "
-                         f"and {list(trained_heads)}")
     rows = []
-    top2_of = copying_head_top2(carriers, trained_heads)
+    top2_of = copying_head_top2(carriers, trained_heads)  # checks that both name the same offsets
     for k, (pairs, r2, peaks) in trained_heads.items():
         top2 = set(top2_of[k])
         rows.append([k, ", ".join(f"{layer + 1}.{head + 1}" for layer, head in pairs),
