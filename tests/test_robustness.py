@@ -215,6 +215,12 @@ def test_the_report_shows_pass_fail_ranges_and_margins():
     assert "| 01_x | acc | evidence | >= 0.95 | 0.9 .. 0.99 | -0.05 | seed=1 |" in text
     assert "-5%" in text  # the smallest relative margin
 
+    exact = dict(check("same twice", 0.0, 0.0, True), op="<=", kind="code")  # margin 0 by construction
+    results["machine"]["01_x"]["checks"].append(exact)
+    results["seed=1"]["01_x"]["checks"].append(exact)
+    text = robustness.report(results, ["machine", "seed=1"])
+    assert "| 01_x | -5% | acc |" in text  # the chapter's smallest margin is its evidence's, not the code check's
+
 
 # ---------------------------------------------------------------- a closed form on a rounding edge
 @pytest.mark.parametrize("nudge", [-2, -1, 0, 1, 2])

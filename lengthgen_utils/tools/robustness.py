@@ -8,7 +8,8 @@ own results cache and its own claims records, and prints
    stopped before its checks cell finished);
 2. for every asserted quantity: its threshold, its range over the conditions and its smallest
    margin (how far from failing; :mod:`~lengthgen_utils.book.checks`), and in how many conditions it failed;
-3. each chapter's smallest margin, relative to its threshold.
+3. each chapter's smallest margin over its evidence checks, relative to the threshold (code checks, exact
+   by construction, and all-or-none checks that sit on their bound in every condition are left out).
 
 The conditions (``--conditions`` picks some by name):
 
@@ -183,7 +184,11 @@ def report(results: dict, names: list[str]) -> str:
                 margin = _fmt(min(margins)) if margins else "nan"
                 rel = [relative_margin(c) for _, c in seen]
                 rel = [r for r in rel if r is not None]
-                if rel and (stem not in smallest or min(rel) < smallest[stem][0]):
+                # a code check (two computations of one quantity, exact by construction) is no margin of a claim,
+                # nor is an all-or-none statement that sits on its bound in every condition ("every seed", a count
+                # of seeds): it held everywhere, and the pass/fail table says so
+                if (rel and first["kind"] == "evidence" and any(r != 0 for r in rel)
+                        and (stem not in smallest or min(rel) < smallest[stem][0])):
                     smallest[stem] = (min(rel), check_name)
             lines.append(f"| {stem} | {check_name} | {first['kind']} | {threshold} | {span} | {margin} | "
                          f"{', '.join(failed) if failed else '–'} |")
