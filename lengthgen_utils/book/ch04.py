@@ -10,6 +10,7 @@ import torch
 from .._validate import check_int, per_model
 from ..analysis.kernel import (carrier_spectrum, first_alias, measures, predicted_alias_distance,
                                shuffled_phases)
+from ..analysis import predictions
 from ..analysis.theory import pair_recurrences, separation_auc
 from .sliders import slider_figure
 from .style import PALETTE, SEED_COLORS
@@ -205,6 +206,62 @@ def alias_report(model, offsets, lengths, accuracy, train_len: int, max_distance
     return dict(predicted=predicted, scanned=scanned, fail=first_failure(lengths, accuracy),
                 predicted_fail=first_length_holding(predicted, lengths), coverage=coverage,
                 longest=max(lengths), ks=list(offsets))
+
+
+def prior_report(report: dict, base: float, d_head: int, train_len: int, max_distance: int,
+                 seed: int = 0) -> dict:
+    """Score the committed before-training predictions against an :func:`alias_report`'s heads.
+
+    For every head, the prediction of :mod:`~lengthgen_utils.analysis.predictions` for its
+    ``(base, d_head, k, train_len)`` is read from the committed file (not recomputed), then compared with
+    what the trained head did: whether its scanned first alias lies on a committed candidate distance, and
+    whether it held (accuracy >= 0.95) at every evaluated length shorter than the committed first failing
+    length. The hits are scored against a null of as many random lags over ``1 .. max_distance``
+    (:func:`~lengthgen_utils.analysis.predictions.score_lags`).
+
+    Args:
+        report: an :func:`alias_report` of heads with RoPE base ``base``.
+        base, d_head, train_len: the heads' settings (they must have a row in the committed file).
+        max_distance: the distance the scan searched (tokens).
+        seed: the null's seed.
+
+    Returns:
+        a dict: ``first`` (the committed first alias per head, or None), ``in_set`` (per head with a
+        scanned alias: True when the scanned distance is a committed candidate), ``early`` (per head:
+        True when it failed before the committed first failing length, or failed at all where the file
+        predicts no alias), ``score`` (:func:`~lengthgen_utils.analysis.predictions.score_lags` of the
+        scanned lags, or None when no head aliases), ``n_candidates`` (committed candidate lags).
+
+    Raises:
+        KeyError: the committed file has no row for these settings.
+
+    Source: chapter 4, "Predicted before training".
+    """
+    rows = [predictions.load_prediction("single head", base, d_head, k, train_len) for k in report["ks"]]
+    first = [r["first_alias"] for r in rows]
+    in_set = [s in r["distances"] for s, r in zip(report["scanned"], rows) if s is not None]
+    early = []
+    for fail, r in zip(report["fail"], rows):
+        limit = r["first_failing_length"]
+        early.append(fail is not None and (limit is None or fail < limit))
+    lags = [s - k for s, k in zip(report["scanned"], report["ks"]) if s is not None]
+    candidates = sorted({d - k for r, k in zip(rows, report["ks"]) for d in r["distances"]})
+    score = predictions.score_lags(lags, candidates, max_distance, seed=seed) if lags and candidates else None
+    return dict(first=first, in_set=in_set, early=early, score=score, n_candidates=len(candidates))
+
+
+def prior_summary(base: float, prior: dict) -> str:
+    """One line on a :func:`prior_report`: hits against the null, and the heads that failed early.
+
+    Source: chapter 4, "Predicted before training".
+    """
+    first = sorted({f for f in prior["first"] if f is not None})
+    score = prior["score"]
+    hits = ("no head aliases" if score is None and not prior["in_set"] else
+            f"{sum(prior['in_set'])}/{len(prior['in_set'])} scanned aliases on a committed candidate"
+            + ("" if score is None else f" (null's 99th percentile {score['null_q99']:.0%})"))
+    return (f"base {base:g}: committed first alias {first or 'none'}, {prior['n_candidates']} candidate lags; "
+            f"{hits}; {sum(prior['early'])}/{len(prior['early'])} heads failed before the committed length")
 
 
 def alias_summary(base: float, report: dict) -> str:

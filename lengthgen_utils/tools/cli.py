@@ -1,10 +1,12 @@
-"""Command line: ``python -m lengthgen_utils run --profile full [--seeds N]``, ``... cache`` and ``... robustness``.
+"""Command line: ``python -m lengthgen_utils run --profile full [--seeds N]``, ``... cache``, ``... predict``
+and ``... robustness``.
 
 ``run`` trains a profile's sweeps (through the results cache), with a
 progress bar, and prints a summary table at the end: mean accuracy over
 seeds (and the worst seed) at each evaluation length, for every positional
 encoding, attention type and offset. ``cache info`` / ``cache clear`` show or
-empty the results cache. ``robustness`` executes every chapter's checks under other CPU kernels,
+empty the results cache. ``predict [--output FILE]`` writes the aliases predicted before training
+(:mod:`~lengthgen_utils.analysis.predictions`) to the committed file. ``robustness`` executes every chapter's checks under other CPU kernels,
 thread counts and seed bases (:mod:`~lengthgen_utils.tools.robustness`; ``robustness --help`` for its options).
 """
 from __future__ import annotations
@@ -139,6 +141,8 @@ def main(argv=None) -> int:
     run.add_argument("--no-cache", action="store_true", help="train everything, store nothing")
     cache = sub.add_parser("cache", help="show or empty the results cache")
     cache.add_argument("action", choices=("info", "clear"))
+    predict = sub.add_parser("predict", help="write the aliases predicted before training (the committed file)")
+    predict.add_argument("--output", default=None, help="where to write (default: predictions/alias_predictions.json)")
     sub.add_parser("robustness", add_help=False,
                    help="every chapter's checks under other CPU kernels, thread counts and seed bases")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -147,6 +151,12 @@ def main(argv=None) -> int:
 
         return robustness_main(argv[1:])
     args = parser.parse_args(argv)
+    if args.command == "predict":
+        from ..analysis import predictions
+
+        path = predictions.write_predictions(args.output or predictions.PREDICTIONS_FILE)
+        print(f"wrote {path}")
+        return 0
     try:  # every input is checked here, before any work: a bad one is one line, not a traceback
         if args.command == "run":
             if args.seeds is not None and args.seeds < 1:
