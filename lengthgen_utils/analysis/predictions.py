@@ -186,7 +186,8 @@ def score_lags(measured: list, candidates: list, max_lag: int, n_null: int = 200
 
     Returns:
         ``{"n": heads scored, "hits": share of measured lags in the candidates, "null_hits": [n_null]
-        shares for random sets, "null_q99": their 99th percentile}``.
+        shares for random sets, "null_q99": their 99th percentile, "p": the share of random sets that
+        hold at least as many of the measured lags as the candidates do}``.
     """
     max_lag = check_int("max_lag", max_lag, minimum=1)
     lags = [check_int("measured lag", m, 1, max_lag) for m in measured if m is not None]
@@ -201,7 +202,8 @@ def score_lags(measured: list, candidates: list, max_lag: int, n_null: int = 200
     for i in range(n):
         guess = torch.randperm(max_lag, generator=g)[: len(cand)] + 1
         null[i] = torch.isin(measured_t, guess).double().mean()
-    return {"n": len(lags), "hits": hits, "null_hits": null, "null_q99": float(null.quantile(0.99))}
+    return {"n": len(lags), "hits": hits, "null_hits": null, "null_q99": float(null.quantile(0.99)),
+            "p": float((null >= hits - 1e-12).double().mean())}
 
 
 def _theta(base: float, d_head: int) -> Tensor:

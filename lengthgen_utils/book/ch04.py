@@ -259,7 +259,7 @@ def prior_summary(base: float, prior: dict) -> str:
     score = prior["score"]
     hits = ("no head aliases" if score is None and not prior["in_set"] else
             f"{sum(prior['in_set'])}/{len(prior['in_set'])} scanned aliases on a committed candidate"
-            + ("" if score is None else f" (null's 99th percentile {score['null_q99']:.0%})"))
+            + ("" if score is None else f" (random-lag sets as good: {score['p']:.1%})"))
     return (f"base {base:g}: committed first alias {first or 'none'}, {prior['n_candidates']} candidate lags; "
             f"{hits}; {sum(prior['early'])}/{len(prior['early'])} heads failed before the committed length")
 
