@@ -190,6 +190,57 @@ def test_intervention_table_counts_the_heads_without_an_alias():
         ch05.intervention_table({}, 16, 64)
 
 
+def test_drop_near_alias_tells_a_cliff_at_the_alias_from_a_spread_decay_and_a_cliff_elsewhere():
+    lengths = [16, 19, 23, 27, 32, 38]
+    acc = [[1.0, 1.0, 1.0, 0.1, 0.1, 0.1],  # a cliff into 27: all of the drop in one step
+           [1.0, 0.82, 0.64, 0.46, 0.28, 0.1],  # spread evenly over five steps: a fifth in any one
+           [1.0, 0.1, 0.1, 0.1, 0.1, 0.1],  # a cliff into 19, two steps before its alias at 27
+           [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]]  # no drop
+    share = ch05.drop_near_alias(acc, lengths, [27, 27, 27, 27])
+    np.testing.assert_allclose(share[:3], [1.0, 0.2, 0.0], atol=1e-12)
+    assert np.isnan(share[3])
+    assert ch05.drop_near_alias(acc, lengths, [27, None, 23, 27], window=0)[[0, 2]].tolist() == [1.0, 0.0]
+    assert np.isnan(ch05.drop_near_alias(acc, lengths, [27, None, 23, 27])[1])
+    assert ch05.drop_near_alias(acc, lengths, [27, 27, 23, 27])[2] == 1.0  # 19 is one step before 23
+    with pytest.raises(ValueError, match="^alias_lengths\\[0\\] = 28 is not one of the lengths"):
+        ch05.drop_near_alias(acc, lengths, [28, 27, 27, 27])
+    with pytest.raises(ValueError, match="^alias_lengths must hold one entry per head"):
+        ch05.drop_near_alias(acc, lengths, [27])
+    with pytest.raises(ValueError, match="^accuracy must be"):
+        ch05.drop_near_alias([[1.0, 0.5]], lengths, [19])
+    with pytest.raises(ValueError, match="^window must be"):
+        ch05.drop_near_alias(acc, lengths, [27] * 4, window=-1)
+
+
+def test_every_profile_trains_the_decayed_regime_the_chapter_quotes():
+    from lengthgen_utils.run.configs import margin_sweep
+    from lengthgen_utils.run.profiles import PROFILES
+
+    for profile in PROFILES.values():
+        assert ch05.DECAY_CONTROL in profile.margin_controls, profile.name
+        assert ch05.DECAY_STEP in margin_sweep(profile, ch05.DECAY_CONTROL).snapshot_steps, profile.name
+    assert ch05.decayed_regime({ch05.DECAYED_REGIME: 3, "book recipe": 1}) == 3
+    with pytest.raises(KeyError, match="weight decay, step 2000.*absent here: regimes \\['book recipe'\\]"):
+        ch05.decayed_regime({"book recipe": 1})
+    with pytest.raises(KeyError, match="margin_controls=\\('steps',\\)"):
+        ch05.decayed_regime({}, SimpleNamespace(name="p", margin_controls=("steps",)))
+
+
+def test_scaled_logits_marks_the_lengths_where_a_key_is_above_the_target(monkeypatch):
+    heads = untrained_heads(RetrievalExperiment(), 3)
+    offsets, lengths = [1, 2, 3], [16, 32, 64]
+    monkeypatch.setattr(ch05, "accuracy_by_length", lambda *a, **k: torch.zeros(3, len(lengths)))
+    scale = theory.log_length_scale(lengths, 16)
+    v = ch05.scaled_logits(heads, offsets, [None] * 3, lengths, 16, scale, 1)
+    row = kernel.offset_kernel(heads, 64)  # [3, 64], column 63 - d: distance d back
+    for i, k in enumerate(offsets):
+        for c, L in enumerate(lengths):
+            window = [row[i, 63 - d].item() for d in range(L) if d != k]
+            assert bool(v["above"][i, c]) == (max(window) > row[i, 63 - k].item())
+    fine = ~v["above"]  # no key above the target: the scale (>= 1) cannot lower the target mass
+    assert (v["scaled"][fine] >= v["plain"][fine] - 1e-12).all()
+
+
 # ================================================================ chapter 7
 def _weight():
     w = torch.zeros(2, 2, 3, 8)  # [M, n_layers, n_heads, d]

@@ -93,3 +93,106 @@ def test_every_key_number_the_chapters_record_has_a_label():
     missing = [k for k in raw if k not in scoreboard.NUMBER_LABELS]
     assert not missing, f"key numbers without a label in scoreboard.NUMBER_LABELS: {missing}"
     assert "control_2x" in raw and "law_r2_ge_0.9_where_n_exp_minus_kappa_ge_20" in raw
+
+
+def _checks(**passed):
+    """Check records as Checks.record writes them: name -> passed (a name ending in '_code' is a code check)."""
+    return [{"name": n, "passed": p, "kind": "code" if n.endswith("_code") else "evidence"} for n, p in passed.items()]
+
+
+@pytest.mark.parametrize("evidence, passed, status", [
+    ({"for": ["rope holds"]}, {"rope holds": True}, "reproduced"),
+    ({"for": ["rope holds"], "against": ["base 10*"]}, {"rope holds": True, "base 10: flat": True},
+     "reproduced in a regime"),
+    ({"against": ["cliff*"]}, {"cliff at alias": True, "cliff share": True}, "not reproduced"),
+    ({"for": [], "against": []}, {"x": True}, scoreboard.UNDECIDED),
+    # evidence that fails gives another status than the same record with it passing
+    ({"for": ["rope holds"]}, {"rope holds": False}, scoreboard.UNDECIDED),
+    ({"for": ["rope holds"], "against": ["base 10*"]}, {"rope holds": False, "base 10: flat": True},
+     "not reproduced"),
+    ({"for": ["rope holds"], "against": ["base 10*"]}, {"rope holds": True, "base 10: flat": False},
+     "reproduced"),
+    ({"against": ["cliff*"]}, {"cliff at alias": True, "cliff share": False}, scoreboard.UNDECIDED),
+    # a code check is never evidence: a pattern that also matches one ignores it, failed or not
+    ({"for": ["rope*"]}, {"rope holds": True, "rope identity_code": False}, "reproduced"),
+])
+def test_the_status_rule(evidence, passed, status):
+    assert scoreboard.claim_status(evidence, _checks(**passed)) == status
+
+
+def test_the_status_rule_is_one_table_over_both_sides():
+    assert set(scoreboard.STATUS_RULE.values()) == set(scoreboard.STATUSES) | {scoreboard.UNDECIDED}
+    assert len(scoreboard.STATUS_RULE) == 4
+
+
+@pytest.mark.parametrize("evidence, error, match", [
+    ({"for": ["nothing like it"]}, ValueError, "names no evidence check"),
+    ({"for": ["identity_code"]}, ValueError, "names no evidence check"),  # code checks are not evidence
+    ({"for": ["a"], "against": ["a"]}, ValueError, "both for and against"),
+    ({"pro": ["a"]}, ValueError, "evidence roles"),
+    ({"for": "a"}, TypeError, "list of check names"),
+    (["a"], TypeError, "must be a dict"),
+])
+def test_evidence_that_names_nothing_or_is_malformed_is_refused(evidence, error, match):
+    with pytest.raises(error, match=match):
+        scoreboard.claim_status(evidence, _checks(a=True, identity_code=True))
+
+
+def _chapter_checks(tmp_path, monkeypatch, passed: dict, chapter="chapters/04_carrier_kernel"):
+    from lengthgen_utils.book.checks import Checks
+
+    monkeypatch.setenv("LENGTHGEN_CLAIMS", str(tmp_path))
+    monkeypatch.setenv("LENGTHGEN_RUN_ID", "t-1")
+    check = Checks(chapter)
+    for name, ok in passed.items():
+        check.holds(name, ok, code=name.endswith("_code"))
+    try:
+        check.finish()
+    except AssertionError:
+        pass  # a failed check is written all the same
+    return chapter
+
+
+def test_record_claim_derives_the_status_from_the_checks_the_chapter_wrote(tmp_path, monkeypatch):
+    chapter = _chapter_checks(tmp_path, monkeypatch, {"aligned": True, "base 10: not low rank": True,
+                                                      "kernel_code": True})
+    scoreboard.record_claim("C4", "reproduced in a regime", "s", {"n": 1}, chapter=chapter,
+                            evidence={"for": ["aligned"], "against": ["base 10*"]})
+    record = scoreboard.load_claims()["C4"]
+    assert (record["status"], record["stated"], record["derived"]) == ("reproduced in a regime",) * 2 + (True,)
+    assert record["evidence"] == [{"name": "aligned", "role": "for", "passed": True},
+                                  {"name": "base 10: not low rank", "role": "against", "passed": True}]
+
+
+def test_a_record_whose_evidence_fails_shows_the_derived_status_and_raises(tmp_path, monkeypatch):
+    chapter = _chapter_checks(tmp_path, monkeypatch, {"aligned": True, "base 10: not low rank": False})
+    with pytest.raises(ValueError, match="states 'reproduced in a regime' but its evidence gives 'reproduced'"):
+        scoreboard.record_claim("C4", "reproduced in a regime", "s", {"n": 1}, chapter=chapter,
+                                evidence={"for": ["aligned"], "against": ["base 10*"]})
+    table = scoreboard.scoreboard_table().set_index("claim")
+    assert table.loc["C4", "status"] == "reproduced (the chapter states: reproduced in a regime)"
+    assert "background-color:#d8f0d8" in scoreboard.scoreboard_html(table.reset_index())
+
+
+def test_evidence_needs_the_chapter_and_its_checks_of_this_run(tmp_path, monkeypatch):
+    chapter = _chapter_checks(tmp_path, monkeypatch, {"aligned": True})
+    with pytest.raises(ValueError, match="give chapter="):
+        scoreboard.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["aligned"]})
+    with pytest.raises(ValueError, match="call check.finish"):
+        scoreboard.record_claim("C1", "reproduced", "s", {"n": 1}, chapter="chapters/01_retrieval_task",
+                                evidence={"for": ["aligned"]})
+    monkeypatch.setenv("LENGTHGEN_RUN_ID", "t-2")  # another run: chapter 4's checks are not this run's
+    with pytest.raises(ValueError, match="call check.finish"):
+        scoreboard.record_claim("C4", "reproduced", "s", {"n": 1}, chapter=chapter, evidence={"for": ["aligned"]})
+
+
+def test_every_chapter_names_its_evidence():
+    """Chapters 1-9 pass evidence= to record_claim (their status is derived, not typed)."""
+    named = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "chapters").glob("0[1-9]_*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and "record_claim(" in cell.source:
+                for call in ast.walk(ast.parse(cell.source)):
+                    if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "record_claim":
+                        named[path.stem] = {k.arg for k in call.keywords}
+    assert len(named) == 9 and all("evidence" in k for k in named.values()), named

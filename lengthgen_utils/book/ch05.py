@@ -82,6 +82,87 @@ def dilution_slider(lengths, measured, exact, mean_field, labels, title: str) ->
 
 
 # --- heads with large and small margins (chapter 5, "Heads with large and small margins")
+DECAY_CONTROL = "weight decay"
+"""The margin control whose heads the chapter quotes as strongly weight decayed (every profile trains it)."""
+DECAY_STEP = 2000
+"""The snapshot of :data:`DECAY_CONTROL` the chapter quotes (its last: the decayed heads settle late)."""
+DECAYED_REGIME = f"{DECAY_CONTROL}, step {DECAY_STEP}"
+"""The regime name of those heads in :func:`margin_regimes`' result (``"weight decay, step 2000"``)."""
+
+
+def decayed_regime(regimes: dict, profile=None):
+    """The strongly weight-decayed heads' entry of a per-regime dict: ``regimes[DECAYED_REGIME]``.
+
+    The chapter quotes these heads in every profile; :func:`margin_regimes` trains them whenever the
+    profile's ``margin_controls`` hold :data:`DECAY_CONTROL` and its snapshots hold :data:`DECAY_STEP`
+    (``tests/test_chapter_modules.py`` checks that every profile does).
+
+    Args:
+        regimes: ``{regime name: value}``, e.g. ``{regime: kernel.dilution_law_fit(...)}``.
+        profile: optional, the build's profile, named in the error.
+
+    Raises:
+        KeyError: no :data:`DECAYED_REGIME` entry (the message names the regimes there and, where given, the
+            profile's margin controls).
+
+    Source: chapter 5, "Heads with large and small margins".
+    """
+    if DECAYED_REGIME not in regimes:
+        controls = "" if profile is None else (f"; profile {profile.name!r} sweeps margin_controls="
+                                               f"{tuple(profile.margin_controls)}")
+        raise KeyError(f"chapter 5 quotes the regime {DECAYED_REGIME!r} (margin control {DECAY_CONTROL!r}, "
+                       f"snapshot {DECAY_STEP}), absent here: regimes {list(regimes)}{controls}")
+    return regimes[DECAYED_REGIME]
+
+
+def drop_near_alias(accuracy, lengths, alias_lengths, window: int = 1):
+    """Per head, the share of its accuracy drop that happens in one step of the grid at a given length.
+
+    The drop of head ``i`` is ``accuracy[i, 0] - min(accuracy[i])``; a step is the change between two
+    neighbouring lengths. The share is the largest single-step fall whose right end lies within ``window``
+    steps of ``alias_lengths[i]`` (the first length holding the head's predicted alias), over the drop.
+    A cliff at the alias gives a share near 1; a decay spread over many steps, as a dilution law would give
+    (on chapter 5's grid, four lengths per octave), a small one; a cliff elsewhere, about 0.
+
+    Args:
+        accuracy: ``[M, n]`` accuracies at increasing ``lengths``.
+        lengths: ``n`` increasing lengths (tokens).
+        alias_lengths: ``M`` lengths, each one of ``lengths`` or ``None`` (no alias on the grid).
+        window: steps either side of the alias's length that count (>= 0).
+
+    Returns:
+        numpy float ``[M]`` in ``[0, 1]``; NaN where the head does not drop or has no alias length.
+
+    Raises:
+        ValueError / TypeError: ``accuracy`` is not ``[M, n]``, ``alias_lengths`` not ``M`` long or a length not
+            on the grid, ``window`` not an int >= 0.
+
+    Source: chapter 5, "Cliffs: the heads of the book's recipe".
+    """
+    window = check_int("window", window, minimum=0)
+    lengths = [int(L) for L in lengths]
+    acc = np.asarray(accuracy, dtype=float)
+    if acc.ndim != 2 or acc.shape[1] != len(lengths):
+        raise ValueError(f"accuracy must be [M, {len(lengths)}] (one column per length); got {acc.shape}")
+    alias_lengths = list(alias_lengths)
+    if len(alias_lengths) != acc.shape[0]:
+        raise ValueError(f"alias_lengths must hold one entry per head ({acc.shape[0]}); got {len(alias_lengths)}")
+    out = np.full(acc.shape[0], np.nan)
+    steps = acc[:, :-1] - acc[:, 1:]  # column t: the fall from lengths[t] to lengths[t + 1]
+    for i, L in enumerate(alias_lengths):
+        if L is None:
+            continue
+        if int(L) not in lengths:
+            raise ValueError(f"alias_lengths[{i}] = {L} is not one of the lengths")
+        drop = acc[i, 0] - acc[i].min()
+        if drop <= 0:
+            continue
+        j = lengths.index(int(L))  # the step into L is column j - 1
+        near = steps[i, max(j - 1 - window, 0): max(j + window, 0)]
+        out[i] = float(np.clip(near.max(initial=0.0) / drop, 0.0, 1.0))
+    return out
+
+
 def margin_regimes(profile, book, offsets, tasks, lengths, n_samples: int) -> dict:
     """Every regime of the margin sweep: its heads, their offsets and their accuracy on a fine grid.
 
@@ -442,7 +523,9 @@ def scaled_logits(model, offsets, tasks, lengths, train_len: int, scale, n_sampl
         a dict: ``plain`` and ``scaled`` ``[M, n]`` target mass from the kernel
         (:func:`~lengthgen_utils.analysis.theory.exact_target_mass`); ``clean`` bool ``[M]``, no aliasing key up
         to ``max(lengths)``; ``margin [M]`` (nats, from the mean-field parameters); ``gap [M]``, the target's
-        logit minus the nearest far key's (nats); ``plain_acc`` and ``scaled_acc`` ``[M, n]`` measured accuracy.
+        logit minus the nearest far key's (nats); ``above`` bool ``[M, n]``, some key of the sequence at that
+        length above the target (where the scale, at least 1, can lower the target mass; elsewhere scaled
+        ``p >= `` plain ``p`` by construction); ``plain_acc`` and ``scaled_acc`` ``[M, n]`` measured accuracy.
 
     Raises:
         ValueError / TypeError: ``n_samples`` is not an int >= 1; bad offsets or lengths (from the kernel).
@@ -454,12 +537,17 @@ def scaled_logits(model, offsets, tasks, lengths, train_len: int, scale, n_sampl
     row = offset_kernel(model, max_len)
     alias = first_alias(model, offsets, train_len, max_distance=max_len)
     target = row[torch.arange(len(offsets)), max_len - 1 - torch.tensor(offsets)]
+    others = row.clone()
+    others[torch.arange(len(offsets)), max_len - 1 - torch.tensor(offsets)] = -torch.inf
+    nearest = others.flip(1).cummax(1).values  # column L - 1: the largest logit of the last L keys
+    above = nearest[:, [L - 1 for L in lengths]] > target[:, None]
     return dict(
         plain=exact_target_mass(row, offsets, lengths),
         scaled=exact_target_mass(row, offsets, lengths, logit_scale=scale),
         clean=torch.tensor([a is None for a in alias]),
         margin=mean_field_parameters(row, offsets, train_len)[0],
         gap=target - row[:, : max_len - train_len].max(1).values,  # nearest far key
+        above=above,
         plain_acc=accuracy_by_length(model, tasks, lengths, n_samples=n_samples),
         scaled_acc=accuracy_by_length(model, tasks, lengths, n_samples=n_samples, logit_scale=scale),
     )

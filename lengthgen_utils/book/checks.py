@@ -169,14 +169,15 @@ class Checks:
         Raises:
             AssertionError: at least one check failed (the message lists them all with their values).
         """
-        from .scoreboard import run_dir
+        from .scoreboard import checks_path
 
-        folder = run_dir() / "checks"
+        path = checks_path(self.chapter)
+        folder = path.parent
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(self.record(), f, indent=1, allow_nan=False)
-        os.replace(tmp, folder / f"{self.chapter.replace('/', '__')}.json")
+        os.replace(tmp, path)
         if self.failed:
             raise AssertionError(f"{len(self.failed)} of {len(self.results)} checks failed:\n" + self.summary())
         if show:

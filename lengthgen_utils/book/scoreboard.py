@@ -1,8 +1,11 @@
 """The claims scoreboard: what each chapter's checks measured in this run, for the book's scoreboard page.
 
 A chapter's checks cell ends with :func:`record_claim`: the claim of the abstract it tests, the
-status its checks established (``"reproduced"``, ``"reproduced in a regime"`` or ``"not reproduced"``),
-a one-line summary and its key numbers. The records are JSON files in one folder per run; the
+status its text states, a one-line summary, its key numbers and its *evidence*: which of the chapter's
+evidence checks (just written by :meth:`~lengthgen_utils.book.checks.Checks.finish`) bear on the claim,
+``"for"`` it (passing, they show the claim holds where they test it) or ``"against"`` it (passing, they
+show it fails somewhere the chapter tests). The record's status is not the chapter's word: it is derived
+from which of those checks passed, by one rule, :func:`claim_status` (see :data:`STATUS_RULE`). The records are JSON files in one folder per run; the
 scoreboard page and the synthesis chapter read them back with :func:`load_claims`. A record says
 which profile and which run it came from, so a page never shows another run's numbers as this one's.
 
@@ -50,6 +53,91 @@ CLAIMS = {
           "conjecture.",
 }
 """The abstract's claims, split into checkable pieces (the book's reading of arXiv 2607.18759)."""
+
+
+EVIDENCE_ROLES = ("for", "against")
+"""How a chapter's evidence check bears on its claim: passing, a check ``"for"`` the claim shows it holds where
+the check tests it; a check ``"against"`` it shows it fails where the check tests it."""
+UNDECIDED = "undecided"
+"""The status :func:`claim_status` gives when neither side's evidence was established (shown, never stated)."""
+STATUS_RULE = {(True, True): "reproduced in a regime", (True, False): "reproduced",
+               (False, True): "not reproduced", (False, False): UNDECIDED}
+"""The status from ``(the evidence for the claim is established, the evidence against it is established)``; a
+side is established when it names at least one evidence check and every one of them passed."""
+
+
+def evidence_checks(evidence: dict, checks: list[dict]) -> dict:
+    """The chapter's evidence checks that ``evidence`` names, by role.
+
+    Args:
+        evidence: ``{"for": [pattern, ...], "against": [pattern, ...]}`` (either list may be empty or left
+            out); a pattern is a check's name, or a shell-style pattern (``fnmatch``: ``*`` any text) for
+            several.
+        checks: the chapter's check records (the ``"checks"`` list :meth:`Checks.record` writes: ``name``,
+            ``passed``, ``kind``).
+
+    Returns:
+        ``{"for": [check record, ...], "against": [...]}``, each in the chapter's order; code checks
+        (``kind == "code"``, tests of the code, not evidence) are never selected.
+
+    Raises:
+        ValueError: a role not in :data:`EVIDENCE_ROLES`; a pattern that names no evidence check of the
+            chapter (the message lists the chapter's evidence checks); a check named for both roles.
+        TypeError: ``evidence`` is not a dict of lists of strings.
+    """
+    from fnmatch import fnmatchcase
+
+    if not isinstance(evidence, dict):
+        raise TypeError(f"evidence must be a dict {{'for': [...], 'against': [...]}}; got {type(evidence).__name__}")
+    unknown = [r for r in evidence if r not in EVIDENCE_ROLES]
+    if unknown:
+        raise ValueError(f"evidence roles must be among {EVIDENCE_ROLES}; got {unknown}")
+    usable = [c for c in checks if c.get("kind") != "code"]
+    chosen = {}
+    for role in EVIDENCE_ROLES:
+        patterns = evidence.get(role, [])
+        if isinstance(patterns, str) or not all(isinstance(x, str) for x in patterns):
+            raise TypeError(f"evidence[{role!r}] must be a list of check names or patterns; got {patterns!r}")
+        picked = []
+        for pattern in patterns:
+            hits = [c for c in usable if fnmatchcase(c["name"], pattern)]
+            if not hits:
+                raise ValueError(f"evidence[{role!r}]: {pattern!r} names no evidence check of the chapter; its "
+                                 f"evidence checks are {[c['name'] for c in usable]}")
+            picked += [c for c in hits if c not in picked]
+        chosen[role] = [c for c in usable if c in picked]
+    both = [c["name"] for c in chosen["for"] if c in chosen["against"]]
+    if both:
+        raise ValueError(f"checks named both for and against the claim: {both}")
+    return chosen
+
+
+def claim_status(evidence: dict, checks: list[dict]) -> str:
+    """A claim's status from the chapter's checks: the one rule of the scoreboard.
+
+    Each side (the evidence ``"for"`` the claim, the evidence ``"against"`` it) is *established* when
+    ``evidence`` names at least one of the chapter's evidence checks for it and every one of them passed.
+    Then (:data:`STATUS_RULE`): both established, "reproduced in a regime" (the claim holds where the checks
+    for it test it and fails where those against it do); only the evidence for it, "reproduced"; only the
+    evidence against it, "not reproduced"; neither, :data:`UNDECIDED`. A failed check for the claim thus
+    turns "reproduced" into "undecided" and "reproduced in a regime" into "not reproduced"; a failed check
+    against it turns "reproduced in a regime" into "reproduced" and "not reproduced" into "undecided".
+
+    Args:
+        evidence: ``{"for": [...], "against": [...]}`` check names or patterns (:func:`evidence_checks`).
+        checks: the chapter's check records (``name``, ``passed``, ``kind``).
+
+    Raises:
+        ValueError / TypeError: from :func:`evidence_checks`.
+    """
+    chosen = evidence_checks(evidence, checks)
+    established = tuple(bool(chosen[r]) and all(c["passed"] for c in chosen[r]) for r in EVIDENCE_ROLES)
+    return STATUS_RULE[established]
+
+
+def checks_path(chapter: str) -> Path:
+    """Where :meth:`Checks.finish` writes ``chapter``'s checks in this run: ``run_dir() / "checks" / ...``."""
+    return run_dir() / "checks" / f"{chapter.replace('/', '__')}.json"
 
 
 RUN_ENV = "LENGTHGEN_RUN_ID"
@@ -124,27 +212,50 @@ def clear_run() -> int:
     return removed
 
 
-def record_claim(claim: str, status: str, summary: str, numbers: dict | None = None, chapter: str = "") -> None:
+def record_claim(claim: str, status: str, summary: str, numbers: dict | None = None, chapter: str = "",
+                 evidence: dict | None = None) -> None:
     """Record what a chapter's checks established about ``claim`` (written atomically as ``<claim>.json``).
 
     Args:
         claim: a key of :data:`CLAIMS` (``"C1"`` .. ``"C8"``), or ``"X:<name>"`` for a finding beyond the paper.
-        status: one of :data:`STATUSES`.
+        status: the status the chapter's text states, one of :data:`STATUSES` (kept as ``"stated"``).
         summary: one sentence: what was measured, in the book's words.
         numbers: the key numbers, ``{name: value}`` (JSON numbers or strings).
         chapter: the chapter that checked it (e.g. ``"chapters/04_carrier_kernel"``).
+        evidence: ``{"for": [...], "against": [...]}``, the chapter's evidence checks that bear on the claim
+            (names or ``fnmatch`` patterns, :func:`evidence_checks`); read from the checks the chapter wrote in
+            this run (:func:`checks_path`), so ``check.finish()`` comes first. The record's ``"status"`` is then
+            :func:`claim_status`'s, and ``"evidence"`` keeps each named check's name, role and whether it
+            passed. Without it (a record made by hand) the status is the stated one and ``"derived"`` is False.
 
     The record is written to this run's folder, :func:`run_dir` (nothing is returned, so a checks cell that ends with this
     call shows nothing more).
 
     Raises:
-        ValueError: an unknown claim or status. TypeError: numbers JSON cannot hold.
+        ValueError: an unknown claim or status; evidence without a chapter, or before the chapter's checks were
+            written in this run; evidence naming no check (:func:`evidence_checks`); a derived status other than
+            the stated one (raised after the record is written, so the scoreboard shows both).
+        TypeError: numbers JSON cannot hold; malformed evidence.
     """
     if claim not in CLAIMS and not (isinstance(claim, str) and claim.startswith("X:")):
         raise ValueError(f"claim must be one of {tuple(CLAIMS)} or 'X:<name>'; got {claim!r}")
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}; got {status!r}")
-    record = {"claim": claim, "status": status, "summary": str(summary), "numbers": dict(numbers or {}),
+    derived, kept = status, None
+    if evidence is not None:
+        if not chapter:
+            raise ValueError("record_claim: evidence is read from the chapter's checks; give chapter=")
+        path = checks_path(chapter)
+        written = json.loads(path.read_text()) if path.is_file() else None
+        if written is None or written.get("run") != run_id():
+            raise ValueError(f"record_claim: no checks of {chapter!r} in this run ({path}); call check.finish() "
+                             "before record_claim")
+        chosen = evidence_checks(evidence, written["checks"])
+        derived = claim_status(evidence, written["checks"])
+        kept = [{"name": c["name"], "role": role, "passed": c["passed"]} for role in EVIDENCE_ROLES
+                for c in chosen[role]]
+    record = {"claim": claim, "status": derived, "stated": status, "derived": evidence is not None,
+              "evidence": kept, "summary": str(summary), "numbers": dict(numbers or {}),
               "chapter": chapter, "profile": get_profile().name, "run": run_id(),
               "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     text = json.dumps(record, indent=1, allow_nan=False)
@@ -154,6 +265,9 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, folder / f"{claim.replace(':', '_')}.json")
+    if derived != status:
+        raise ValueError(f"{claim}: the chapter states {status!r} but its evidence gives {derived!r} "
+                         f"({STATUS_RULE} on {kept})")
 
 
 def load_claims() -> dict:
@@ -206,6 +320,8 @@ NUMBER_LABELS = {
     "alias_prediction_agreement": "heads whose alias is predicted from the weights",
     "failure_prediction_agreement": "heads whose first failing length is predicted",
     "failing_by_4096": "share of heads failing by 4096 tokens, by RoPE base",
+    "no_predicted_alias": "heads without a predicted alias in the search, by RoPE base (none, heads)",
+    "alias_search_tokens": "alias search, up to (tokens)",
     # chapter 5
     "consistency_max_abs_dp": "consistency, largest |Δp| kernel vs model",
     "law_slope_max_rel_error": "long-run law, largest relative slope error",
@@ -283,13 +399,22 @@ def scoreboard_table(claims: dict | None = None):
                             for k, v in record.get("numbers", {}).items())
         rows.append({"claim": claim, "chapter": name, "chapter page": page,
                      "the paper says": CLAIMS.get(claim, "(beyond the paper)"),
-                     "status": record.get("status", "not run in this build"),
+                     "status": _status_text(record),
                      "what the book measured": record.get("summary", ""),
                      "key numbers": numbers, "profile": record.get("profile", "")})
     return pd.DataFrame(rows)
 
 
-STATUS_COLOURS = {"reproduced": "#d8f0d8", "reproduced in a regime": "#fff3c4", "not reproduced": "#f8d7d7"}
+def _status_text(record: dict) -> str:
+    """The status cell: the derived status; the chapter's own word too where it differs."""
+    if not record:
+        return "not run in this build"
+    status, stated = record.get("status", ""), record.get("stated", record.get("status", ""))
+    return status if stated == status else f"{status} (the chapter states: {stated})"
+
+
+STATUS_COLOURS = {"reproduced": "#d8f0d8", "reproduced in a regime": "#fff3c4", "not reproduced": "#f8d7d7",
+                  UNDECIDED: "#e4e4f4"}
 """The status cell's background on the scoreboard page (grey for a claim not run)."""
 
 
@@ -312,7 +437,7 @@ def scoreboard_html(table) -> str:
         claim = f"<b>{escape(row['claim'])}</b>"
         if row["chapter page"]:
             claim += f'<br><a href="{escape(row["chapter page"])}">{escape(row["chapter"])}</a>'
-        colour = STATUS_COLOURS.get(row["status"], "#eeeeee")
+        colour = STATUS_COLOURS.get(row["status"].split(" (")[0], "#eeeeee")
         numbers = "".join(f"<li>{escape(line)}</li>" for line in row["key numbers"].splitlines())
         measured = escape(row["what the book measured"])
         if numbers:
