@@ -58,20 +58,19 @@ def check_qkv(q, k, v=None) -> None:
 def attention_scores(q: Tensor, k: Tensor) -> Tensor:
     """Scaled dot-product logits ``s = q k^T / sqrt(d_head)``.
 
+    Inner numerics: the models, :func:`masked_attention` and the probes call it on queries and keys they
+    formed or checked (:func:`check_qkv`), once per head and layer, so it checks nothing itself.
+
     Args:
-        q: ``[..., L_q, d_head]``; k: ``[..., L_k, d_head]`` (same dtype).
+        q: floating ``[..., L_q, d_head]``; k: ``[..., L_k, d_head]`` of the same dtype and ``d_head``.
 
     Returns:
         ``[..., L_q, L_k]`` in float32 for float16/bfloat16 inputs, else in the inputs' dtype.
         The scale multiplies ``q`` before the product, and half-precision inputs are multiplied
         in float32, so no intermediate exceeds the final logit.
 
-    Raises:
-        TypeError / ValueError: see :func:`check_qkv`.
-
     Source: Vaswani et al. 2017, eq. (1).
     """
-    check_qkv(q, k)
     dtype = _compute_dtype(q.dtype)
     return (q.to(dtype) * (1.0 / math.sqrt(q.shape[-1]))) @ k.to(dtype).transpose(-1, -2)
 
@@ -156,7 +155,11 @@ def causal_mask(seq_len: int, device=None) -> Tensor:
         TypeError / ValueError: ``seq_len`` not an int >= 1; a device this machine cannot compute on.
     """
     seq_len = check_int("seq_len", seq_len, minimum=1)
-    device = check_device("cpu" if device is None else device)
+    return _causal_mask(seq_len, check_device("cpu" if device is None else device))
+
+
+def _causal_mask(seq_len: int, device: torch.device) -> Tensor:
+    """:func:`causal_mask` of a length and device the caller has (a model's own, once per layer): no checks."""
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
@@ -309,7 +312,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = Fal
     if q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal attention needs as many queries as keys; got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if bias is not None:
-        _check_bias(bias, tuple(q.shape[:-2]), q.shape[-2], k.shape[-2], allowed=causal_mask(q.shape[-2]))
+        _check_bias(bias, tuple(q.shape[:-2]), q.shape[-2], k.shape[-2], allowed=_causal_mask(q.shape[-2], "cpu"))
     return _causal_attention(q, k, v, return_weights, bias)
 
 
@@ -329,7 +332,7 @@ def _additive_causal_mask(seq_len: int, dtype: torch.dtype, device: torch.device
     """The 0 / -inf form of :func:`causal_mask` ``[L, L]``, built once per (length, dtype, device); never modify it."""
     with torch.inference_mode(False):  # usable by autograd whoever built it first
         return torch.zeros(seq_len, seq_len, dtype=dtype, device=device).masked_fill(
-            ~causal_mask(seq_len, device), float("-inf"))
+            ~_causal_mask(seq_len, device), float("-inf"))
 
 
 SHORT_SEQUENCE = 32

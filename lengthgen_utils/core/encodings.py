@@ -289,14 +289,13 @@ class RoPE(Encoding):
         forms ``q . k`` reorders its query and key channels and rotates them interleaved."""
         if self.interleaved:
             return None, self
-        half = check_int("d_head", d_head, minimum=2) // 2
+        half = d_head // 2  # the model's checked head size (the fast transformer asks once, when it is built)
         order = torch.stack((torch.arange(half), torch.arange(half) + half), dim=-1).flatten()
         return order, replace(self, interleaved=True)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        # an odd d_head (refused when a model is built, by check) is refused here by the frequencies' own check
         d_head = x.shape[-1]
-        self.check(d_head, 1)
-        theta = self.frequencies(d_head, positions.shape[-1])
         if self.angle_dtype == "float64" and type(self).frequencies is RoPE.frequencies and _is_range(positions):
             # the same numbers as below, memoised per (length, first position): no per-step trigonometry
             table = (positions.shape[-1], d_head, self.base, int(positions[0]))
@@ -304,6 +303,7 @@ class RoPE(Encoding):
                 return rotate_adjacent_pairs(x, _rope_phases(*table, x.dtype, x.device))
             cos, sin = _rope_cos_sin(*table, x.dtype, x.device)  # the memo itself: read, never modified
         else:
+            theta = self.frequencies(d_head, positions.shape[-1])
             angles = angles_in_dtype(positions, theta, ANGLE_DTYPES[self.angle_dtype]).to(x.device)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         return rotate_pairs(x, cos, sin, self.interleaved)
@@ -322,7 +322,11 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
     Source: Press et al. 2022, *Train Short, Test Long* (ALiBi), section 3 and its reference implementation.
     """
-    n_heads = check_int("n_heads", n_heads, minimum=1)
+    return _alibi_slopes(check_int("n_heads", n_heads, minimum=1))
+
+
+def _alibi_slopes(n_heads: int) -> Tensor:
+    """:func:`alibi_slopes` of a checked head count (a model's, checked by :meth:`ALiBi.check` when it was built)."""
     closest = 2 ** int(math.floor(math.log2(n_heads)))
     slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
     slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(n_heads - closest)]
@@ -355,7 +359,7 @@ class ALiBi(Encoding):
 
     def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor:
         relative = (k_positions[None, :] - q_positions[:, None]).to(torch.float64)  # D = j - i: [Lq, Lk]
-        return (alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
+        return (_alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
 
 
 WELL_CONDITIONED_FREQUENCIES = (2.98, 2.79, 2.39, 1.98, 1.45, 1.01, 0.56, 0.28)
@@ -493,6 +497,9 @@ def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> 
     ``w_i = base ** (-2i / d_model)`` (radians per position), channels interleaved sin, cos as in the paper;
     for an odd ``d_model`` the last channel is the sine of one more frequency.
 
+    Inner numerics: :class:`SinusoidalAPE` builds its table with it once, from a model's checked width and its
+    own checked ``base``, so it checks nothing.
+
     Args:
         positions: integer tensor ``[P]`` (any integers).
         d_model: width, >= 1.
@@ -501,14 +508,8 @@ def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> 
     Returns:
         float64 tensor ``[P, d_model]``.
 
-    Raises:
-        TypeError / ValueError: non-integer positions, ``d_model < 1`` or ``base <= 1``.
-
     Source: Vaswani et al. 2017, *Attention Is All You Need*, section 3.5.
     """
-    _check_positions(positions)
-    d_model = check_int("d_model", d_model, minimum=1)
-    base = check_rope_base("base", base)
     w = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # [ceil(d/2)]
     angles = positions.to(torch.float64)[:, None] * w  # [P, ceil(d/2)]
     return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[:, :d_model]
@@ -584,8 +585,14 @@ def t5_relative_buckets(relative_positions: Tensor, num_buckets: int = 32, max_d
     """
     _check_positions(relative_positions)
     num_buckets = check_int("num_buckets", num_buckets, minimum=2)
+    max_distance = check_int("max_distance", max_distance, minimum=num_buckets // 2 + 1)
+    return _t5_buckets(relative_positions, num_buckets, max_distance)
+
+
+def _t5_buckets(relative_positions: Tensor, num_buckets: int, max_distance: int) -> Tensor:
+    """:func:`t5_relative_buckets` of checked arguments (a :class:`T5Bias`'s sizes, checked when it was built,
+    and the integer positions of a model's forward pass)."""
     max_exact = num_buckets // 2
-    max_distance = check_int("max_distance", max_distance, minimum=max_exact + 1)
     d = (-relative_positions.long()).clamp(min=0)  # distance back; keys after the query: 0 (masked anyway)
     log_ratio = torch.log(d.clamp(min=1).to(torch.float64) / max_exact) / math.log(max_distance / max_exact)
     large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
@@ -643,8 +650,8 @@ class T5Bias(Encoding):
         table = params["t5_bias"]  # [M, H, n_buckets]
         if table.shape[1] != n_heads:
             raise ValueError(f"the T5 bias table has {table.shape[1]} heads; the model asks for n_heads={n_heads}")
-        buckets = t5_relative_buckets(k_positions[None, :] - q_positions[:, None], self.num_buckets,
-                                      self.max_distance)  # [Lq, Lk]
+        buckets = _t5_buckets(k_positions[None, :] - q_positions[:, None], self.num_buckets,
+                              self.max_distance)  # [Lq, Lk]
         return table[:, :, buckets.to(table.device)]  # [M, H, Lq, Lk]
 
 

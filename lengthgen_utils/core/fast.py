@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import _causal_attention, attention_scores, causal_mask
-from .models import Transformer, _check_tokens, _positions
+from .attention import _causal_attention, _causal_mask, attention_scores
+from .models import Transformer, _check_tokens, _model_positions
 
 
 def _norm_linear(x: Tensor, ln_weight: Tensor, ln_bias: Tensor, weight: Tensor,
@@ -146,8 +146,7 @@ class FastTransformer(Transformer):
         _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
         b, seq_len = tokens.shape
         m, d_model, n_heads = self.n_models, self.config.d_model, self.n_heads
-        positions = _positions(seq_len, position_shift, positions)
-        self.check_positions(positions)
+        positions = _model_positions(self, seq_len, position_shift, positions, validate)
         # every model's embedding table stacked into one: model i's token t is row i * V + t
         offsets = torch.arange(m, device=tokens.device)[:, None] * self.config.vocab_size
         rows = tokens.reshape(1, b * seq_len) + offsets
@@ -169,7 +168,7 @@ class FastTransformer(Transformer):
                 out, weights = _causal_attention(q, k, v, return_weights=True, bias=bias)
                 if collect == "scores":
                     scores = attention_scores(q, k) + (bias if bias is not None else 0)
-                    weights = scores.masked_fill(~causal_mask(seq_len, self.device), float("-inf"))
+                    weights = scores.masked_fill(~_causal_mask(seq_len, self.device), float("-inf"))
                 collected.append(weights.view(m, b, n_heads, seq_len, seq_len))
             out = out.transpose(1, 2).reshape(m, b * seq_len, d_model)  # heads side by side
             x = _baddbmm(x, out, block.w_out.transpose(1, 2))  # x + W_O o

@@ -26,9 +26,9 @@ from torch import Tensor, nn
 from .._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
                          per_model_ints, per_model_rows)
 from .seeding import generator
-from .attention import _check_bias, attention_scores, causal_mask, check_attention, row_weights
+from .attention import ROW_WEIGHTS, _causal_mask, _check_bias, attention_scores, check_attention
 from .encodings import Encoding, RoPE, get_encoding
-from .rope import kernel_frequencies, rope_kernel_features
+from .rope import _kernel_features, check_relative_positions, kernel_frequencies
 
 
 def _seeds(seeds, n_models: int) -> tuple[int, ...]:
@@ -76,6 +76,16 @@ def _positions(seq_len: int, position_shift: int = 0, positions: Tensor | None =
     if position_shift:
         raise ValueError("give positions or position_shift, not both")
     return positions.cpu().long()
+
+
+def _model_positions(model, seq_len: int, position_shift: int, positions: Tensor | None, validate: bool) -> Tensor:
+    """The positions ``[L]`` a transformer's forward pass runs at: checked by :func:`_positions` and the model's
+    encoding with ``validate``, else taken as the caller (a training loop) drew them."""
+    if not validate:
+        return torch.arange(seq_len) + position_shift if positions is None else positions
+    positions = _positions(seq_len, position_shift, positions)
+    model.check_positions(positions)
+    return positions
 
 
 def readout(weights: Tensor, tokens: Tensor, table: Tensor) -> Tensor:
@@ -270,7 +280,10 @@ class RetrievalHead(EnsembleModel):
 
         ``positions`` replaces ``shift .. shift + L - 1`` (e.g. the randomised positions of training).
         """
-        positions = _positions(seq_len, position_shift, positions)
+        return self._scores(_positions(seq_len, position_shift, positions))
+
+    def _scores(self, positions: Tensor) -> Tensor:
+        """:meth:`scores` at checked positions ``[L]`` (integers, on the CPU)."""
         q, k = self.queries_keys(positions)
         s = attention_scores(q[:, -1:], k)[:, 0]  # [M, L]
         bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
@@ -282,10 +295,18 @@ class RetrievalHead(EnsembleModel):
 
         ``logit_scale`` multiplies every logit first (a test-time temperature, chapter 5).
         """
-        s = self.scores(seq_len, position_shift, positions)
+        positions = _positions(seq_len, position_shift, positions)
         if logit_scale != 1.0:
-            s = check_positive_float("logit_scale", logit_scale) * s
-        return row_weights(s, self.config.attention)
+            logit_scale = check_positive_float("logit_scale", logit_scale)
+        return self._attention_row(positions, logit_scale)
+
+    def _attention_row(self, positions: Tensor, logit_scale: float = 1.0) -> Tensor:
+        """:meth:`attention_row` at checked positions ``[L]`` and a checked ``logit_scale`` (the normaliser was
+        checked by the configuration)."""
+        s = self._scores(positions)
+        if logit_scale != 1.0:
+            s = logit_scale * s
+        return ROW_WEIGHTS[self.config.attention](s)
 
     def value_table(self) -> Tensor:
         """Class logits contributed by each input token at unit attention: ``E W_V^T W_O^T``, ``[M, V+1, V]``."""
@@ -295,14 +316,22 @@ class RetrievalHead(EnsembleModel):
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` for ``tokens [B, L]`` or ``[M, B, L]``.
 
-        ``validate=False`` skips the token-range check (see :func:`_check_tokens`). ``logit_scale`` and
-        ``positions`` are passed to :meth:`attention_row`.
+        ``logit_scale`` and ``positions`` are passed to :meth:`attention_row`. ``validate=False`` is for callers
+        that checked their arguments once (the training and evaluation loops: tokens their task sampled, positions
+        the encoding drew, a checked ``logit_scale``): it skips the token-range check (see :func:`_check_tokens`),
+        the checks of ``positions``, ``position_shift`` and ``logit_scale`` and the finite-row check. Shapes are
+        always checked.
         """
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
-        attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
-        if validate and not bool(torch.isfinite(attn).all()):  # e.g. a learned score bias that has gone NaN
-            raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not finite "
-                             "(a NaN or inf score bias or weight): refusing to read it out")
+        if validate:
+            attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
+            if not bool(torch.isfinite(attn).all()):  # e.g. a learned score bias that has gone NaN
+                raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not "
+                                 "finite (a NaN or inf score bias or weight): refusing to read it out")
+        else:
+            if positions is None:
+                positions = torch.arange(tokens.shape[-1]) + position_shift
+            attn = self._attention_row(positions, logit_scale)
         logits = readout(attn, tokens, self.value_table())
         return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -384,14 +413,21 @@ class KernelHead(Ensemble):
         """Nothing to check: a kernel over relative positions covers every length."""
 
     def kernel(self, relative_positions) -> Tensor:
-        """``s(D)`` at the given relative positions ``D``: ``[M, n]`` (float32, differentiable in ``c``)."""
-        phi = rope_kernel_features(relative_positions, self.d_head, self.rope_base, self.frequencies).to(self.c)
-        return self.c @ phi.T
+        """``s(D)`` at the given relative positions ``D``: ``[M, n]`` (float32, differentiable in ``c``).
+
+        Raises:
+            TypeError / ValueError: positions that are not integers, or none.
+        """
+        return self._kernel(check_relative_positions("relative_positions", relative_positions))
+
+    def _kernel(self, relative: Tensor) -> Tensor:
+        """:meth:`kernel` at checked relative positions (long ``[n]``), with the frequencies checked at construction."""
+        return self.c @ _kernel_features(relative, self.frequencies).to(self.c).T
 
     def scores(self, seq_len: int) -> Tensor:
         """Attention weights of the last position over keys ``j = 0 .. L-1``: ``[M, L]``."""
         seq_len = check_int("seq_len", seq_len, minimum=1)
-        return self.kernel(torch.arange(seq_len) - (seq_len - 1))
+        return self._kernel(torch.arange(seq_len) - (seq_len - 1))
 
     attention_row = scores
 
@@ -401,7 +437,8 @@ class KernelHead(Ensemble):
         ``validate=False`` skips the token-range check, as in :meth:`RetrievalHead.forward`.
         """
         _check_tokens(tokens, self.vocab_size + 1, self.n_models, validate)
-        attn = self.scores(tokens.shape[-1])  # [M, L]
+        seq_len = tokens.shape[-1]
+        attn = self._kernel(torch.arange(seq_len) - (seq_len - 1))  # [M, L]: scores(L), L read off the tokens
         table = self.values.to(attn)[None].expand(self.n_models, -1, -1)
         return readout(attn, tokens, table), attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -650,7 +687,7 @@ class Block(nn.Module):
         scores = attention_scores(q, k)  # q k^T / sqrt(d_head): [M, B, H, L, L]
         if bias is not None:
             scores = scores + bias[:, None]  # ALiBi's m_h (j - i), T5's bucket bias, ...
-        scores = scores.masked_fill(~causal_mask(seq_len, x.device), float("-inf"))  # query i sees keys 0 .. i
+        scores = scores.masked_fill(~_causal_mask(seq_len, x.device), float("-inf"))  # query i sees keys 0 .. i
         weights = scores.softmax(-1)  # [M, B, H, L, L]
         out = (weights @ v.to(weights.dtype)).to(x.dtype)  # [M, B, H, L, d_head]
         out = out.transpose(2, 3).reshape(m, b, seq_len, d)  # the heads side by side: [M, B, L, d]
@@ -717,8 +754,8 @@ class Transformer(EnsembleModel):
 
         ``positions [L]`` (integers) replaces the positions ``shift .. shift + L - 1``, as in
         :meth:`RetrievalHead.forward`; the training loop passes the encoding's ``train_positions``.
-        ``validate=False`` skips the token range check and the score bias check (the training loops pass
-        it for batches their task sampled).
+        ``validate=False`` skips the token range check, the checks of the positions and the score bias check
+        (the training loops pass it for batches their task sampled, at positions the encoding drew).
 
         Raises:
             TypeError / ValueError: see the class docstring.
@@ -738,10 +775,12 @@ class Transformer(EnsembleModel):
         return [scores for _, scores in self._layers(tokens, position_shift, True, None)[1]]
 
     def _layers(self, tokens: Tensor, position_shift: int, validate: bool, positions: Tensor | None):
-        """The whole model: logits ``[M, B, L, V]`` and, per layer, (weights, scores) ``[M, B, H, L, L]``."""
+        """The whole model: logits ``[M, B, L, V]`` and, per layer, (weights, scores) ``[M, B, H, L, L]``.
+
+        With ``validate=False`` the caller checked ``positions`` (the training loop: the encoding drew them, and
+        :func:`~lengthgen_utils.run.training.train_sequence` checked that the encoding covers them)."""
         _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
-        positions = _positions(tokens.shape[1], position_shift, positions)  # [L] on the CPU
-        self.check_positions(positions)
+        positions = _model_positions(self, tokens.shape[1], position_shift, positions, validate)  # [L] on the CPU
         x = self.embed[:, tokens]  # [M, B, L, d]: every model looks the tokens up in its own table
         added = self.encoding.embed(self.pe_params, positions)  # [M, L, d] (absolute encodings) or None
         if added is not None:
@@ -764,7 +803,8 @@ class Transformer(EnsembleModel):
         if validate:  # once per validated pass (not in training): a learned bias that went NaN is refused
             seq_len = positions.shape[0]
             try:
-                _check_bias(bias, (bias.shape[0], self.n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
+                _check_bias(bias, (bias.shape[0], self.n_heads), seq_len, seq_len,
+                            allowed=_causal_mask(seq_len, "cpu"))
             except ValueError as err:
                 raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
         return bias

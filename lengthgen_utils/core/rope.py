@@ -326,8 +326,13 @@ def rope_kernel_features(relative_positions, d_head: int, base: float = 10000.0,
     Source: Su et al. 2021 (RoFormer), eq. (34), written as a function of the offset (chapter 4).
     """
     rel = check_relative_positions("relative_positions", relative_positions)
-    theta = kernel_frequencies(d_head, base, frequencies)
-    angles = rel.to(torch.float64)[:, None] * theta
+    return _kernel_features(rel, kernel_frequencies(d_head, base, frequencies))
+
+
+def _kernel_features(relative: Tensor, theta: Tensor) -> Tensor:
+    """:func:`rope_kernel_features` of checked arguments: integer ``D [n]`` and float64 frequencies ``theta [P]``
+    (e.g. a :class:`~lengthgen_utils.core.models.KernelHead`'s, checked when it was built): float64 ``[n, 2P]``."""
+    angles = relative.to(torch.float64)[:, None] * theta
     return torch.cat([angles.cos(), angles.sin()], dim=-1)
 
 

@@ -141,7 +141,11 @@ class Task:
         check_int("batch_size", batch_size, minimum=1)
         seq_len = self.check_seq_len(seq_len)
         check_generator(generator)
-        device = check_device(device)
+        return self._draw(batch_size, seq_len, generator, check_device(device))
+
+    def _draw(self, batch_size: int, seq_len: int, generator, device) -> tuple[Tensor, Tensor]:
+        """:meth:`sample` of checked arguments: what the training and evaluation loops call once per batch,
+        after checking every length they will draw at (and the batch size) once, before the loop."""
         tokens = self._sample_tokens(batch_size, seq_len, generator).to(device)
         return tokens, self._targets_at(tokens)
 
@@ -433,13 +437,15 @@ def batch_targets(tasks: list, tokens: Tensor) -> Tensor:
     """Targets ``[M, B, L]`` for an ensemble whose model ``i`` solves ``tasks[i]`` on the shared ``tokens [B, L]``.
 
     Each distinct task computes its targets once (a sweep has a few offsets and many seeds per offset).
+    ``tasks`` is a checked list (:func:`as_task_list`) and ``tokens`` a batch they sampled (the loops call this
+    once per batch), so the tokens are not checked again (:meth:`Task.targets` checks a batch from elsewhere).
     """
     if all(t == tasks[0] for t in tasks):
-        return tasks[0].targets(tokens).expand(len(tasks), *tokens.shape)
+        return tasks[0]._targets_at(tokens).expand(len(tasks), *tokens.shape)
     try:
-        per_task = {t: t.targets(tokens) for t in dict.fromkeys(tasks)}
+        per_task = {t: t._targets_at(tokens) for t in dict.fromkeys(tasks)}
     except TypeError:  # an unhashable task: compute per model
-        return torch.stack([t.targets(tokens) for t in tasks])
+        return torch.stack([t._targets_at(tokens) for t in tasks])
     return torch.stack([per_task[t] for t in tasks])
 
 

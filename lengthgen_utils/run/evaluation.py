@@ -76,7 +76,7 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
         for col, (seq_len, scale) in enumerate(zip(lengths, scales)):
             correct = torch.zeros(model.n_models, dtype=torch.long, device=model.device)  # counts stay on the device
             for start in range(0, n_samples, batch_size):
-                tokens, _ = tasks[0].sample(min(batch_size, n_samples - start), seq_len, gen, device=model.device)
+                tokens, _ = tasks[0]._draw(min(batch_size, n_samples - start), seq_len, gen, model.device)  # checked
                 kwargs = {} if scale == 1.0 else {"logit_scale": scale}
                 logits, _ = model(tokens, validate=False, **kwargs)  # sampled from the task: valid by construction
                 correct += (logits.argmax(-1) == query_targets(tasks, tokens)).sum(1)
@@ -135,7 +135,7 @@ def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: i
     out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
     with _threads(model, None):
         for col, seq_len in enumerate(lengths):
-            tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)
+            tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)  # checks seq_len
             outputs, _ = model(tokens)
             out[:, col] = ensemble_squared_error(outputs.double(), query_targets(tasks, tokens)).cpu()
     return out
@@ -168,7 +168,7 @@ def token_accuracy_by_position(model, task, seq_len: int, n_samples: int = 256, 
     counts = torch.zeros(seq_len, dtype=torch.float64)
     with _threads(model, None):
         for start in range(0, n_samples, batch_size):
-            tokens, targets = task.sample(min(batch_size, n_samples - start), seq_len, gen, device=model.device)
+            tokens, targets = task._draw(min(batch_size, n_samples - start), seq_len, gen, model.device)  # checked
             scored = targets != IGNORE_INDEX
             hits = (model(tokens, validate=False).argmax(-1) == targets) & scored
             correct += hits.sum(1).double().cpu()
@@ -236,10 +236,11 @@ def lag_agreement(model, task, seq_len: int, lag: int, min_position: int = 0, n_
     seq_len = task.check_seq_len(seq_len)
     lag = check_int("lag", lag, minimum=1, maximum=seq_len - 1)
     min_position = check_int("min_position", min_position, minimum=0)
-    positions = torch.nonzero(task.scored_positions(seq_len)).flatten()
+    positions = torch.nonzero(task._scored(seq_len)).flatten()  # seq_len checked above
     positions = positions[positions >= max(min_position, lag)]
     if positions.numel() == 0:
         raise ValueError(f"no scored position t >= max(min_position={min_position}, lag={lag}) at seq_len={seq_len}")
+    model.check_positions(torch.arange(seq_len))  # once here: the forward pass below runs with validate=False
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             generator(check_int("seed", seed, minimum=0)), device=model.device)
     with _threads(model, None):

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validate import check_device, check_fits, check_int, check_nonempty, check_positive_float, per_model_ints
+from .._validate import check_device, check_fits, check_int, check_positive_float, per_model_ints
 from ..core.models import KernelHead, Transformer
-from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
+from ..core.tasks import IGNORE_INDEX, as_task_list, batch_targets, shared_task
 from ..core.seeding import generator
 
 
@@ -142,12 +142,9 @@ def cpu_threads(n: int | None):
 def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Per-model mean cross-entropy: ``logits [M, B, V]``, ``targets [M, B]`` -> ``[M]``.
 
-    Raises:
-        ValueError: ``logits`` is not ``[M, B, V]`` with every size >= 1 (a mean over no sequence is NaN).
+    The loss of every training step: its callers (the trainers, the probes) drew ``B >= 1`` sequences of a checked
+    batch size, so it checks nothing (an empty batch would give a NaN mean).
     """
-    if logits.dim() != 3:
-        raise ValueError(f"logits must have shape [M, B, V]; got {tuple(logits.shape)}")
-    check_nonempty("logits", logits, "[M, B, V]")
     m, b, v = logits.shape
     return F.cross_entropy(logits.reshape(m * b, v), targets.reshape(m * b), reduction="none").view(m, b).mean(1)
 
@@ -263,10 +260,10 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
     def batch_loss():
         seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
         positions = model.encoding.train_positions(seq_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
-        tokens, _ = tasks[0].sample(batch_size, seq_len, gen)
+        tokens, _ = tasks[0]._draw(batch_size, seq_len, gen, "cpu")  # train checked every length it draws
         tokens = tokens.to(device, non_blocking=True)
         logits, _ = model(tokens, validate=False, positions=positions)  # tokens come from the task: valid
-        return ensemble_cross_entropy(logits, query_targets(tasks, tokens))
+        return ensemble_cross_entropy(logits, batch_targets(tasks, tokens)[..., -1])  # query-only: checked
 
     history = _run_steps(model, opt, batch_loss, steps, device,
                          progress=bool(progress or (progress is None and steps >= 5000)), callback=callback)
@@ -277,12 +274,9 @@ def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, we
 def ensemble_squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
     """Per-model mean squared loss ``||o - e(y)||^2``: ``outputs [M, B, V]``, ``targets [M, B]`` -> ``[M]``.
 
-    Raises:
-        ValueError: ``outputs`` is not ``[M, B, V]`` with every size >= 1 (a mean over no sequence is NaN).
+    The loss of every step of :func:`train_squared_loss` (and of its evaluation): its callers drew ``B >= 1``
+    sequences of a checked size, so it checks nothing (an empty batch would give a NaN mean).
     """
-    if outputs.dim() != 3:
-        raise ValueError(f"outputs must have shape [M, B, V]; got {tuple(outputs.shape)}")
-    check_nonempty("outputs", outputs, "[M, B, V]")
     one_hot = F.one_hot(targets, outputs.shape[-1]).to(outputs.dtype)
     return ((outputs - one_hot) ** 2).sum(-1).mean(1)
 
@@ -336,6 +330,9 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         raise ValueError("per-model seeds need one task shared by all models")
     for t in tasks:
         check_fits("train_len", train_len, t.check_seq_len)
+    if not tasks[0].query_only:
+        raise ValueError(f"train_squared_loss fits the single-head readout (one target, at the query); {tasks[0]!r} "
+                         "scores other positions")
     min_len = max(t.min_seq_len for t in tasks)
     device = check_device(device)
     with cpu_threads(default_cpu_threads(model) if device.type == "cpu" else None), unchanged_on_failure(model):
@@ -354,17 +351,17 @@ def _train_squared_loss_loop(model, tasks, seeds, per_model, steps, batch_size, 
         batches = []
         for gen in gens:
             seq_len = int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
-            batches.append(tasks[0].sample(batch_size, seq_len, gen)[0])
+            batches.append(tasks[0]._draw(batch_size, seq_len, gen, "cpu")[0])  # lengths checked before the loop
         if per_model:
             longest = max(b.shape[1] for b in batches)
-            targets = torch.stack([tasks[0].targets(b)[:, -1] for b in batches]).to(device)  # [M, B]
+            targets = torch.stack([tasks[0]._targets_at(b)[:, -1] for b in batches]).to(device)  # [M, B]
             # the padding token is the query token V, whose value in a KernelHead is zero
             tokens = torch.stack([F.pad(b, (longest - b.shape[1], 0), value=model.vocab_size)
                                   for b in batches]).to(device)  # [M, B, longest]
         else:
             tokens = batches[0].to(device)
-            targets = query_targets(tasks, tokens)
-        outputs, _ = model(tokens)
+            targets = batch_targets(tasks, tokens)[..., -1]
+        outputs, _ = model(tokens, validate=False)  # tokens the task sampled (and query-token padding): valid
         return ensemble_squared_error(outputs, targets)
 
     return _run_steps(model, opt, batch_loss, steps, device, progress=False)
@@ -381,14 +378,15 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     Returns:
         ``[M]``: each model's loss averaged over the scored positions (padding and
         undefined positions never count).
+
+    The loss of every step of :func:`train_sequence`, which checked that its length has a scored position
+    (``task.check_seq_len``): ``targets`` must hold at least one (else the mean is NaN). It is not checked
+    here, which would read the count back to the host, a synchronisation per step on a GPU.
     """
     m, b, seq_len, v = logits.shape
     flat_targets = targets.expand(m, b, seq_len).reshape(-1)
     loss = F.cross_entropy(logits.reshape(-1, v), flat_targets, ignore_index=IGNORE_INDEX, reduction="none")
-    scored = (targets != IGNORE_INDEX).sum()
-    if int(scored) == 0:
-        raise ValueError("targets hold no scored position (all IGNORE_INDEX)")
-    return loss.view(m, b * seq_len).sum(1) / scored
+    return loss.view(m, b * seq_len).sum(1) / (targets != IGNORE_INDEX).sum()
 
 
 def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
@@ -432,6 +430,8 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     train_len = check_fits("train_len", train_len, shared_task(task).check_seq_len)
     if task.n_tokens != model.config.vocab_size:
         raise ValueError(f"task input vocabulary {task.n_tokens} differs from model vocab_size={model.config.vocab_size}")
+    # every position training can visit, checked once here: the steps run the model with validate=False
+    model.check_positions(torch.arange(model.encoding.visited_positions(train_len)))
     device = check_device(device)
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
     with cpu_threads(threads), unchanged_on_failure(model):
@@ -450,7 +450,7 @@ def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train
 
     def batch_loss():
         positions = model.encoding.train_positions(train_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
-        tokens, targets = task.sample(batch_size, train_len, gen, device=device)
+        tokens, targets = task._draw(batch_size, train_len, gen, device)  # the length was checked before the loop
         return sequence_cross_entropy(model(tokens, validate=False, positions=positions), targets)
 
     history = _run_steps(model, opt, batch_loss, steps, device,
