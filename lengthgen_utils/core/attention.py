@@ -182,7 +182,7 @@ def elu_linear_weights(q: Tensor, k: Tensor, rotate_q=None, rotate_k=None) -> Te
         TypeError / ValueError: see :func:`check_qkv`; ``ValueError`` if the normaliser underflows to 0
             (far-negative queries and keys: their features ``exp(x)`` multiply to below the dtype's range).
 
-    Source: Katharopoulos et al. 2020, *Transformers are RNNs*, eq. (6) with the feature map of eq. (7);
+    Source: Katharopoulos et al. 2020, *Transformers are RNNs*, eq. (4) with the feature map of eq. (7);
     with RoPE, Su et al. 2021, *RoFormer*, sec. 3.3 ("RoPE with linear attention").
     """
     check_qkv(q, k)
