@@ -4,9 +4,10 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from lengthgen_utils.analysis import kernel, theory
-from lengthgen_utils.core.attention import EXP_MAX_LOGIT, ROW_WEIGHTS, row_weights
+from lengthgen_utils.core.attention import EXP_MAX_LOGIT, ROW_WEIGHTS, elu_linear_weights, row_weights
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.evaluation import accuracy_by_length
 from lengthgen_utils.core.models import RetrievalHead
@@ -24,7 +25,7 @@ def test_each_normaliser_against_its_formula():
     torch.testing.assert_close(row_weights(s, "linear_mean"), s / 4)
     torch.testing.assert_close(row_weights(s, "linear_sum"), s / s.sum())
     torch.testing.assert_close(row_weights(s, "exp"), torch.exp(s))
-    assert set(ROW_WEIGHTS) == {"softmax", "linear", "linear_mean", "linear_sum", "exp"}
+    assert set(ROW_WEIGHTS) == {"softmax", "linear", "linear_mean", "linear_sum", "exp", "linear_elu"}
 
 
 def test_normalisers_that_can_vanish_or_overflow_refuse_instead_of_returning_inf():
@@ -35,6 +36,72 @@ def test_normalisers_that_can_vanish_or_overflow_refuse_instead_of_returning_inf
     assert torch.isfinite(row_weights(torch.tensor([[EXP_MAX_LOGIT, 0.0]]), "exp")).all()
     with pytest.raises(ValueError, match="attention must be one of"):
         row_weights(torch.zeros(1, 3), "relu")
+
+
+def _rotation(theta: Tensor, position: int) -> Tensor:
+    """The block-diagonal rotation [d, d] of RoPE's half-split layout (pair i: channels i and i + d/2)."""
+    half = theta.shape[0]
+    r = torch.zeros(2 * half, 2 * half, dtype=torch.float64)
+    for i, angle in enumerate((theta * position).tolist()):
+        c, s = math.cos(angle), math.sin(angle)
+        r[i, i], r[i, i + half], r[i + half, i], r[i + half, i + half] = c, -s, s, c
+    return r
+
+
+def test_elu_linear_weights_against_a_loop_over_positions():
+    """a_ij = R_i phi(q_i) . R_j phi(k_j) / sum_j' phi(q_i) . phi(k_j'), phi = elu + 1, entry by entry."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 5, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 7, 8, generator=gen, dtype=torch.float64)
+    phi = lambda x: torch.nn.functional.elu(x) + 1  # noqa: E731
+    theta = torch.tensor([1.0, 0.5, 0.25, 0.1], dtype=torch.float64)
+    q_pos, k_pos = [3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6]
+    enc = RotaryFrequencies(theta=tuple(theta.tolist()))
+    got = elu_linear_weights(q, k, lambda f: enc.rotate(f, torch.tensor(q_pos)),
+                             lambda f: enc.rotate(f, torch.tensor(k_pos)))
+    plain = elu_linear_weights(q, k)
+    want, want_plain = torch.zeros(2, 5, 7, dtype=torch.float64), torch.zeros(2, 5, 7, dtype=torch.float64)
+    for b in range(2):
+        for i in range(5):
+            normaliser = sum(float(phi(q[b, i]) @ phi(k[b, j])) for j in range(7))
+            for j in range(7):
+                rq, rk = _rotation(theta, q_pos[i]) @ phi(q[b, i]), _rotation(theta, k_pos[j]) @ phi(k[b, j])
+                want[b, i, j] = float(rq @ rk) / normaliser
+                want_plain[b, i, j] = float(phi(q[b, i]) @ phi(k[b, j])) / normaliser
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(plain, want_plain)
+    # without rotations: Katharopoulos et al.'s weights, positive and summing to 1 in every row
+    assert (plain > 0).all()
+    torch.testing.assert_close(plain.sum(-1), torch.ones(2, 5, dtype=torch.float64))
+    # with them: the normaliser is the same positive number, the numerator a function of j - i alone
+    shifted = elu_linear_weights(q, k, lambda f: enc.rotate(f, torch.tensor(q_pos) + 11),
+                                 lambda f: enc.rotate(f, torch.tensor(k_pos) + 11))
+    torch.testing.assert_close(shifted, got)
+    assert (got < 0).any() and not torch.allclose(got.sum(-1), torch.ones(2, 5, dtype=torch.float64))
+
+
+def test_elu_linear_head_rows_and_refusals():
+    """The head's row is elu_linear_weights of its own query and keys; it refuses what has no meaning for it."""
+    model = RetrievalHead(pe=RotaryFrequencies(), attention="linear_elu", n_models=3)
+    row = model.attention_row(12)
+    assert row.shape == (3, 12) and torch.isfinite(row).all()
+    torch.testing.assert_close(row[:, -1], torch.full((3,), 1 / 12))  # D = 0: the unrotated term over L terms
+    torch.testing.assert_close(model.attention_row(12, position_shift=40), row, rtol=0, atol=1e-5)  # relative
+    nope = RetrievalHead(pe="nope", attention="linear_elu", n_models=2).attention_row(9)
+    torch.testing.assert_close(nope, torch.full((2, 9), 1 / 9))  # no position signal: uniform weights
+    with pytest.raises(ValueError, match="linear_elu.*elu\\+1 features"):
+        row_weights(torch.zeros(1, 3), "linear_elu")
+    with pytest.raises(ValueError, match="logit_scale"):
+        model.attention_row(12, logit_scale=2.0)
+    with pytest.raises(ValueError, match="score bias"):
+        RetrievalHead(pe="alibi", attention="linear_elu").attention_row(8)
+    with pytest.raises(ValueError, match="underflowed"):
+        elu_linear_weights(torch.full((1, 4), -200.0), torch.full((3, 4), -200.0))
+    q, k = torch.randn(4, 8), torch.randn(6, 8)
+    half = elu_linear_weights(q.half(), k.half())
+    assert half.dtype == torch.float16
+    want = elu_linear_weights(q.half().float(), k.half().float())
+    torch.testing.assert_close(half.float(), want, rtol=1e-3, atol=1e-3)
 
 
 def test_half_precision_linear_sum_and_exp_are_formed_in_float32():

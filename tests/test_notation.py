@@ -79,6 +79,8 @@ TERMS = {
     "fixed-offset retrieval": r"fixed[- ]offset retrieval",
     "position-only head": r"position[- ]only head",
     "linear control": r"linear(?:-attention)? control",
+    "linear attention": r"\blinear attention\b",
+    "well-conditioned frequencies": r"well-conditioned (?:rotary )?frequenc(?:y|ies)",
     "ape": r"\bAPE\b",
     "rope": r"\bRoPE\b",
     "nope": r"\bNoPE\b",

@@ -222,6 +222,9 @@ LOW_PRECISION_CASES += [
      lambda theta, r, phi: kernel.alignment(kernel.CarrierSpectrum(theta, r, phi), 3)),
     ("kernel.reconstruction", lambda: dataclasses.astuple(_SPEC()),
      lambda theta, r, phi: kernel.reconstruction(kernel.CarrierSpectrum(theta, r, phi), 16, 2)),
+    ("attention.elu_linear_weights", lambda: _qkv()[:2], attention.elu_linear_weights),
+    ("attention.elu_linear_weights (far negative q, k)", lambda: (-30 + _qkv()[0], -30 + _qkv()[1]),
+     attention.elu_linear_weights),
     ("kernel.selection_margins", lambda: (KERNEL_ROWS,), lambda s: kernel.selection_margins(s, 3, 16)),
     ("kernel.unseen_weight", lambda: (KERNEL_ROWS,), lambda s: kernel.unseen_weight(s, 3, 16)),
     ("kernel.first_alias", lambda: (KERNEL_ROWS,), lambda s: kernel.first_alias(s, 3, 16, tolerance=3.0)),
@@ -548,7 +551,8 @@ ONE_VALUE = {
                "widgets.RetrievalExplorer", "live.kernel_panel",
                "live.kernel_report",  # one experiment, task, closed form, control or live panel: one offset
                "ch07.copying_head_pairs", "ch07.copying_head_fit",
-               "ch07.carrier_stats"},  # chapter 7: one delayed-copy run, one offset for all its models
+               "ch07.carrier_stats",  # chapter 7: one delayed-copy run, one offset for all its models
+               "predictions.predict", "predictions.load_prediction"},  # one head's setting, no model
     "seeds": {  # a result's record, filled by the runner
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
@@ -566,10 +570,12 @@ ONE_VALUE = {
              "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
              "ch09.shift_violation", "bench.tf_batches", "seeding.effective_seed",
-             "seeding.generator"},  # the benchmark's batches, a generator: one stream for every model
+             "seeding.generator",  # the benchmark's batches, a generator: one stream for every model
+             "predictions.score_lags", "ch04.prior_report", "ch01.committed_failures"},  # a null's seed
     "labels": {"ch04.alias_vs_failure", "ch05.dilution_slider", "ch05.accuracy_heatmap", "ch05.r2_vs_reach",
                "ch04.censored_scatter", "ch05.r2_vs_margin"},  # define M: the others are checked against them
-    "measured": {"ch05.dilution_panel"}, "exact": {"ch05.dilution_panel"},  # one model's panel
+    "measured": {"ch05.dilution_panel",
+                 "predictions.score_lags"},  # measured lags: a list whose length defines the heads scored "exact": {"ch05.dilution_panel"},  # one model's panel
     "mean_field": {"ch05.dilution_panel"}, "alias_distance": set(),
     "failure_length": set(), "margin": {"ch05.r2_vs_margin"}, "rho": set(), "p_star": set(),
 }

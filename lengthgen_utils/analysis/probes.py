@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .._validate import check_int, check_int_sequence, check_nonempty, per_model_ints
-from ..core.attention import attention_scores, row_weights
+from ..core.attention import ELU_LINEAR, attention_scores, row_weights
 from ..core.encodings import RoPE
 from ..core.rope import rope_angles
 from ..core.tasks import as_task_list, query_targets, shared_task
@@ -90,6 +90,12 @@ def position_attention(model, seq_len: int) -> Tensor:
         tensor ``[M, L, L]`` (query position, key position), zeros above the diagonal.
         Row ``L-1`` is ``model.attention_row(L)``.
     """
+    if model.config.attention == ELU_LINEAR:  # no logits: query m's row is the head's own row at length m + 1
+        seq_len = check_int("seq_len", seq_len, minimum=1)
+        out = torch.zeros(model.n_models, seq_len, seq_len, device=model.device)
+        for m in range(seq_len):
+            out[:, m, : m + 1] = model.attention_row(m + 1)
+        return out
     s = position_logits(model, seq_len)
     out = torch.zeros_like(s)
     for m in range(seq_len):  # query m sees keys 0..m: a normaliser may depend on how many (linear_mean)

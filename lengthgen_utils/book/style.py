@@ -35,6 +35,7 @@ MODEL_COLORS = {
     "rotary head, linear / L": "#a55194",
     "rotary head, linear / sum": "#637939",
     "rotary head, exp": "#9c9ede",
+    "rotary head, elu+1 linear": "#e6550d",
     # chapter 6's directly parameterised kernels and closed forms
     "direct kernel, RoPE: trained": "#5254a3",
     "direct kernel, well-conditioned: trained": "#8ca252",

@@ -7,6 +7,8 @@ Every model of the book forms its attention here:
 * :func:`row_weights`: the single head's choice of normaliser (``softmax``; ``linear``, the raw
   scores of chapter 6's control; and chapter 6's ablations of softmax's parts), from the registry
   :data:`ROW_WEIGHTS`;
+* :func:`elu_linear_weights`: linear attention's weights with the positive feature map ``elu(x) + 1``,
+  the normaliser ``linear_elu`` of :data:`ROW_WEIGHTS` (it needs the queries and keys, not the logits);
 * :func:`masked_attention` / :func:`causal_attention`: softmax attention under a mask, with an
   optional additive score bias (ALiBi and other relative biases act there);
 * :func:`linear_attention`: causal linear attention in O(L).
@@ -143,6 +145,65 @@ def row_weights(scores: Tensor, attention: str = "softmax") -> Tensor:
             ``"exp"`` where a logit would overflow (:data:`EXP_MAX_LOGIT`).
     """
     return ROW_WEIGHTS[check_attention(attention)](scores)
+
+
+# ---------------------------------------------------------------- the single head's positive-feature linear attention
+ELU_LINEAR = "linear_elu"
+"""The normaliser of :data:`ROW_WEIGHTS` that needs the queries and keys, not the logits: :func:`elu_linear_weights`."""
+
+
+def elu_linear_weights(q: Tensor, k: Tensor, rotate_q=None, rotate_k=None) -> Tensor:
+    """Linear attention's weights with the positive feature map ``phi(x) = elu(x) + 1``.
+
+    Query ``i`` weighs key ``j`` by::
+
+        a_ij = R_i phi(q_i) . R_j phi(k_j) / sum_j' phi(q_i) . phi(k_j')
+
+    Without rotations (``R = I``) this is Katharopoulos et al.'s linear attention: every weight is
+    positive and each row sums to 1. With RoPE the rotation acts on the features of the numerator
+    only and the normaliser stays unrotated, so it stays positive (RoFormer's linear attention):
+    the numerator then depends on the relative position ``j - i`` alone, and a weight can be
+    negative and a row need not sum to 1. (Rotating ``q`` and ``k`` before ``phi`` would keep the
+    weights a distribution but make them depend on absolute positions.)
+
+    Args:
+        q: ``[..., L_q, d]`` queries before any rotation; k: ``[..., L_k, d]`` keys before any
+            rotation (same dtype and ``d``).
+        rotate_q, rotate_k: ``None`` (no rotation) or callables ``[..., L, d] -> [..., L, d]`` that
+            rotate the features of the queries and of the keys by their positions, e.g.
+            ``lambda f: encoding.rotate(f, positions)``.
+
+    Returns:
+        ``[..., L_q, L_k]``: the weights over every key given (a causal caller passes each query
+        the keys it sees), in the inputs' dtype; half-precision inputs are computed in float32.
+
+    Raises:
+        TypeError / ValueError: see :func:`check_qkv`; ``ValueError`` if the normaliser underflows to 0
+            (far-negative queries and keys: their features ``exp(x)`` multiply to below the dtype's range).
+
+    Source: Katharopoulos et al. 2020, *Transformers are RNNs*, eq. (4) with the feature map of eq. (7);
+    with RoPE, Su et al. 2021, *RoFormer*, sec. 3.3 ("RoPE with linear attention").
+    """
+    check_qkv(q, k)
+    dtype = _compute_dtype(q.dtype)
+    phi_q, phi_k = _elu_plus_one(q.to(dtype)), _elu_plus_one(k.to(dtype))
+    normaliser = phi_q @ phi_k.sum(-2)[..., :, None]  # sum_j' phi(q_i) . phi(k_j'): [..., L_q, 1]
+    if not bool((normaliser > 0).all()):
+        raise ValueError(f"the elu+1 normaliser underflowed to 0 in {dtype}: the features exp(x) of far-negative "
+                         "queries and keys multiply to less than the smallest number; scale q and k down")
+    if rotate_q is not None:
+        phi_q = rotate_q(phi_q)
+    if rotate_k is not None:
+        phi_k = rotate_k(phi_k)
+    return (phi_q @ phi_k.transpose(-1, -2) / normaliser).to(q.dtype)
+
+
+def _needs_queries_and_keys(scores: Tensor) -> Tensor:
+    raise ValueError(f"attention {ELU_LINEAR!r} weighs keys by elu+1 features of the queries and keys, not by "
+                     "their logits: call elu_linear_weights(q, k, ...) (RetrievalHead.attention_row does)")
+
+
+ROW_WEIGHTS[ELU_LINEAR] = _needs_queries_and_keys  # a_j = phi(q) . phi(k_j) / sum phi(q) . phi(k_j'), phi = elu + 1
 
 
 # ---------------------------------------------------------------- masks and softmax attention

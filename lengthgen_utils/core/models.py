@@ -27,6 +27,7 @@ from .._validate import (check_int, check_int_sequence, check_positive_float, ch
                          per_model_ints, per_model_rows)
 from .seeding import generator
 from .attention import ROW_WEIGHTS, _causal_mask, _check_bias, attention_scores, check_attention
+from .attention import ELU_LINEAR, elu_linear_weights
 from .encodings import Encoding, RoPE, get_encoding
 from .rope import _kernel_features, check_relative_positions, kernel_frequencies
 
@@ -303,10 +304,33 @@ class RetrievalHead(EnsembleModel):
     def _attention_row(self, positions: Tensor, logit_scale: float = 1.0) -> Tensor:
         """:meth:`attention_row` at checked positions ``[L]`` and a checked ``logit_scale`` (the normaliser was
         checked by the configuration)."""
+        if self.config.attention == ELU_LINEAR:  # no logits: its own path
+            return self._elu_linear_row(positions, logit_scale)
         s = self._scores(positions)
         if logit_scale != 1.0:
             s = logit_scale * s
         return ROW_WEIGHTS[self.config.attention](s)
+
+    def _elu_linear_row(self, positions: Tensor, logit_scale: float) -> Tensor:
+        """:meth:`attention_row` of the ``linear_elu`` head: elu+1 features of the unrotated query and keys,
+        rotated by the encoding in the numerator only (:func:`~lengthgen_utils.core.attention.elu_linear_weights`).
+
+        Raises:
+            ValueError: a ``logit_scale`` other than 1 (this head has no logits to scale), or an encoding
+                with a score bias (ALiBi's: nothing to add it to).
+        """
+        if logit_scale != 1.0:
+            raise ValueError(f"logit_scale applies to a head with logits; attention {ELU_LINEAR!r} has none "
+                             f"(got logit_scale={logit_scale!r})")
+        if self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1) is not None:
+            raise ValueError(f"attention {ELU_LINEAR!r} has no logits to add {self.encoding!r}'s score bias to")
+        x = self.u[:, None, :]
+        added = self.encoding.embed(self.pe_params, positions)
+        x = x + added if added is not None else x.expand(-1, positions.shape[0], -1)  # [M, P, d_model]
+        q = torch.einsum("mpd,mhd->mph", x[:, -1:], self.w_q)  # [M, 1, d_head], before any rotation
+        k = torch.einsum("mpd,mhd->mph", x, self.w_k)  # [M, P, d_head]
+        return elu_linear_weights(q, k, lambda f: self.encoding.rotate(f, positions[-1:]),
+                                  lambda f: self.encoding.rotate(f, positions))[:, 0]
 
     def value_table(self) -> Tensor:
         """Class logits contributed by each input token at unit attention: ``E W_V^T W_O^T``, ``[M, V+1, V]``."""
