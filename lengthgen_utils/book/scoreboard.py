@@ -295,6 +295,7 @@ NUMBER_LABELS = {
     # chapter 1
     "rope_min_mean_to_4x": "RoPE, lowest mean accuracy up to 4x",
     "rope_heads_to_4x": "RoPE, heads at ≥ 0.95 up to 4x",
+    "rope_first_failing_length_predicted": "RoPE, first failing length up to 16x as predicted before training",
     "ape_heads_near_chance_from_2x": "APE, heads within 0.2 of chance from 2x",
     "ape_max_abs_dev_from_chance_from_2x": "APE, largest |accuracy - chance| from 2x",
     "offsets": "offsets k",
@@ -322,6 +323,8 @@ NUMBER_LABELS = {
     "failing_by_4096": "share of heads failing by 4096 tokens, by RoPE base",
     "no_predicted_alias": "heads without a predicted alias in the search, by RoPE base (none, heads)",
     "alias_search_tokens": "alias search, up to (tokens)",
+    "committed_candidate_hits_base1e4": "base 10^4, aliasing heads on a distance committed before training",
+    "committed_null_p_base1e4": "base 10^4, random lag sets doing as well (p-value)",
     # chapter 5
     "consistency_max_abs_dp": "consistency, largest |Δp| kernel vs model",
     "law_slope_max_rel_error": "long-run law, largest relative slope error",
