@@ -1,5 +1,5 @@
-"""The analysis that chapters 4, 5 and 7 call from their modules (book/ch04.py, ch05.py, ch07.py): each function
-on a tiny hand-built input with a known answer, and its bad input refused naming the argument."""
+"""The analysis that chapters 2, 4, 5 and 7 call from their modules (book/ch02.py, ch04.py, ch05.py, ch07.py): each function on a tiny hand-built input with a known answer, and its bad input refused naming the
+argument."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,7 +9,8 @@ import torch
 from lengthgen_utils.analysis import kernel, theory
 from lengthgen_utils.analysis.kernel import CarrierMeasures, CarrierSpectrum
 from lengthgen_utils.analysis.probes import copying_heads
-from lengthgen_utils.book import ch04, ch05, ch07
+from lengthgen_utils.book import ch02, ch04, ch05, ch07
+from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.runners import untrained_heads
 
@@ -27,6 +28,42 @@ def _measures(values):
     """CarrierMeasures whose every scalar measure is ``values`` (peak distance 1)."""
     v = torch.as_tensor(values, dtype=torch.float64)
     return CarrierMeasures(v, v, v, v, v, v, torch.ones(len(v), dtype=torch.long))
+
+
+# ================================================================ chapter 2
+def test_shift_attention_moves_is_zero_for_rope_and_grows_with_a_concentrated_ape_head():
+    rope = RetrievalHead(pe="rope", n_models=3, max_len=64)
+    flat = RetrievalHead(pe="ape", n_models=3, max_len=64)  # N(0, 0.02^2) rows: nearly even attention
+    sharp = RetrievalHead(pe="ape", n_models=3, max_len=64)
+    with torch.no_grad():
+        sharp.pe_params["table"].mul_(500.0)  # the same kind of head with large rows: peaked attention
+    moves = ch02.shift_attention_moves({"rope": (rope, rope), "ape": (sharp, flat)}, 16, [1, 16, 40])
+    assert set(moves) == {"rope", "ape"} and all(t.shape == (3, 3) for pair in moves.values() for t in pair)
+    assert float(moves["rope"][0].max()) < 1e-6  # chapter 2's theorem: the attention does not move
+    assert float(moves["ape"][1].max()) < 0.05 < 0.3 < float(moves["ape"][0].min())
+    with pytest.raises(ValueError, match="^pairs must be"):
+        ch02.shift_attention_moves({}, 16, [1])
+    with pytest.raises(TypeError, match=r"^pairs\['ape'\] must be"):
+        ch02.shift_attention_moves({"ape": flat}, 16, [1])
+    with pytest.raises(ValueError, match="shifts"):
+        ch02.shift_attention_moves({"ape": (flat, flat)}, 16, [0])
+
+
+def test_shift_separation_pools_the_groups_against_the_largest_untrained_move():
+    moves = {"a": (torch.tensor([[0.9, 0.5]]), torch.tensor([[0.01, 0.02]])),
+             "b": (torch.tensor([[0.1, 0.8], [0.7, 0.6]]), torch.tensor([[0.03, 0.01], [0.0, 0.02]]))}
+    sep = ch02.shift_separation(moves, factor=10.0)
+    assert sep["untrained_max"] == pytest.approx(0.03)
+    assert sep["trained_min"] == pytest.approx(0.1)
+    assert sep["trained_median"] == pytest.approx(0.6)  # torch's median of 6 values: the lower middle one
+    assert sep["gap"] == pytest.approx(0.57)
+    assert sep["separated"].tolist() == [True, True, False, True, True, True]  # 0.1 < 10 x 0.03
+    table = ch02.shift_moves_table(moves, caption="c")
+    assert table.header[0] == "heads" and [row[0] for row in table.cells] == ["a", "b"]
+    with pytest.raises(ValueError, match="^factor"):
+        ch02.shift_separation(moves, factor=0)
+    with pytest.raises(ValueError, match="^moves must be"):
+        ch02.shift_separation({})
 
 
 # ================================================================ chapter 4

@@ -190,6 +190,8 @@ NUMBER_LABELS = {
     "rope_16x_vs_1x_row_diff": "RoPE, largest 16x vs 1x score-row difference",
     "ape_min_shift_dlogit": "APE, logit change under a shift (smallest)",
     "ape_16x_vs_1x_row_diff_min": "APE, 16x vs 1x score-row difference (smallest)",
+    "ape_shift_attention_moved_median": "APE, trained: share of attention a shift moves (median)",
+    "untrained_ape_shift_attention_moved_max": "APE, untrained: share of attention a shift moves (largest)",
     # chapter 3
     "fixed_pinned_position": "fixed length, pinned position",
     "fixed_share_min": "fixed length, share of test lengths at the pin (lowest)",
