@@ -1,4 +1,5 @@
-"""The analysis that chapters 2, 4, 5 and 7 call from their modules (book/ch02.py, ch04.py, ch05.py, ch07.py): each function on a tiny hand-built input with a known answer, and its bad input refused naming the
+"""The analysis that chapters 2, 3, 4, 5 and 7 call from their modules (book/ch02.py, ch03.py, ch04.py, ch05.py,
+ch07.py): each function on a tiny hand-built input with a known answer, and its bad input refused naming the
 argument."""
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ import torch
 from lengthgen_utils.analysis import kernel, theory
 from lengthgen_utils.analysis.kernel import CarrierMeasures, CarrierSpectrum
 from lengthgen_utils.analysis.probes import copying_heads
-from lengthgen_utils.book import ch02, ch04, ch05, ch07
+from lengthgen_utils.book import ch02, ch03, ch04, ch05, ch07
 from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.runners import untrained_heads
@@ -64,6 +65,39 @@ def test_shift_separation_pools_the_groups_against_the_largest_untrained_move():
         ch02.shift_separation(moves, factor=0)
     with pytest.raises(ValueError, match="^moves must be"):
         ch02.shift_separation({})
+
+
+# ================================================================ chapter 3
+class _PinnedRows:
+    """A stand-in head: model 0 puts logit 10 on position 2 at every length, model 1 on position 20 from
+    L = 21 on (position 2 below), so its argmax leaves a 16-position training range at the longer lengths."""
+
+    n_models = 2
+
+    def scores(self, seq_len):
+        s = torch.zeros(2, seq_len)
+        s[0, 2] = 10.0
+        s[1, 20 if seq_len > 20 else 2] = 10.0
+        return s
+
+    def attention_row(self, seq_len):
+        return self.scores(seq_len).softmax(-1)
+
+
+def test_pin_summary_reads_the_pin_its_share_the_range_and_the_weight():
+    summary = ch03.pin_summary(_PinnedRows(), [16, 20, 32, 64], train_len=16)
+    assert summary["position"].tolist() == [2, 2]  # model 1: 2 at two lengths, 20 at two (lowest on ties)
+    assert summary["share"].tolist() == [1.0, 0.5]
+    assert summary["inside"].tolist() == [1.0, 0.5]
+    e = torch.tensor(10.0).exp().item()
+    assert summary["weight"][0].item() == pytest.approx(e / (e + 63))  # at the longest length, 64
+    assert summary["weight"][1].item() == pytest.approx(1 / (e + 63))
+    at_16 = ch03.pin_summary(_PinnedRows(), [16, 32], 16, longest=16)["weight"]
+    assert at_16.tolist() == pytest.approx([e / (e + 15)] * 2)
+    with pytest.raises(TypeError, match="test_lengths"):
+        ch03.pin_summary(_PinnedRows(), 32, 16)
+    with pytest.raises(ValueError, match="train_len"):
+        ch03.pin_summary(_PinnedRows(), [32], 0)
 
 
 # ================================================================ chapter 4

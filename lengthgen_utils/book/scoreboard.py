@@ -194,6 +194,7 @@ NUMBER_LABELS = {
     "untrained_ape_shift_attention_moved_max": "APE, untrained: share of attention a shift moves (largest)",
     # chapter 3
     "fixed_pinned_position": "fixed length, pinned position",
+    "fixed_pinned_positions_k135": "fixed length, pinned position at k = 1, 3, 5",
     "fixed_share_min": "fixed length, share of test lengths at the pin (lowest)",
     "fixed_weight_on_pin_min": "fixed length, attention on the pin (lowest)",
     "variable_weight_on_pin_max": "variable lengths, attention on the pin (highest)",
