@@ -1,5 +1,6 @@
-"""The analysis that chapters 4, 5 and 7 call from their modules (book/ch04.py, ch05.py, ch07.py): each function
-on a tiny hand-built input with a known answer, and its bad input refused naming the argument."""
+"""The analysis that chapters 2, 3, 4, 5 and 7 call from their modules (book/ch02.py, ch03.py, ch04.py, ch05.py,
+ch07.py): each function on a tiny hand-built input with a known answer, and its bad input refused naming the
+argument."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,7 +10,8 @@ import torch
 from lengthgen_utils.analysis import kernel, theory
 from lengthgen_utils.analysis.kernel import CarrierMeasures, CarrierSpectrum
 from lengthgen_utils.analysis.probes import copying_heads
-from lengthgen_utils.book import ch04, ch05, ch07
+from lengthgen_utils.book import ch02, ch03, ch04, ch05, ch07
+from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.runners import untrained_heads
 
@@ -27,6 +29,75 @@ def _measures(values):
     """CarrierMeasures whose every scalar measure is ``values`` (peak distance 1)."""
     v = torch.as_tensor(values, dtype=torch.float64)
     return CarrierMeasures(v, v, v, v, v, v, torch.ones(len(v), dtype=torch.long))
+
+
+# ================================================================ chapter 2
+def test_shift_attention_moves_is_zero_for_rope_and_grows_with_a_concentrated_ape_head():
+    rope = RetrievalHead(pe="rope", n_models=3, max_len=64)
+    flat = RetrievalHead(pe="ape", n_models=3, max_len=64)  # N(0, 0.02^2) rows: nearly even attention
+    sharp = RetrievalHead(pe="ape", n_models=3, max_len=64)
+    with torch.no_grad():
+        sharp.pe_params["table"].mul_(500.0)  # the same kind of head with large rows: peaked attention
+    moves = ch02.shift_attention_moves({"rope": (rope, rope), "ape": (sharp, flat)}, 16, [1, 16, 40])
+    assert set(moves) == {"rope", "ape"} and all(t.shape == (3, 3) for pair in moves.values() for t in pair)
+    assert float(moves["rope"][0].max()) < 1e-6  # chapter 2's theorem: the attention does not move
+    assert float(moves["ape"][1].max()) < 0.05 < 0.3 < float(moves["ape"][0].min())
+    with pytest.raises(ValueError, match="^pairs must be"):
+        ch02.shift_attention_moves({}, 16, [1])
+    with pytest.raises(TypeError, match=r"^pairs\['ape'\] must be"):
+        ch02.shift_attention_moves({"ape": flat}, 16, [1])
+    with pytest.raises(ValueError, match="shifts"):
+        ch02.shift_attention_moves({"ape": (flat, flat)}, 16, [0])
+
+
+def test_shift_separation_pools_the_groups_against_the_largest_untrained_move():
+    moves = {"a": (torch.tensor([[0.9, 0.5]]), torch.tensor([[0.01, 0.02]])),
+             "b": (torch.tensor([[0.1, 0.8], [0.7, 0.6]]), torch.tensor([[0.03, 0.01], [0.0, 0.02]]))}
+    sep = ch02.shift_separation(moves, factor=10.0)
+    assert sep["untrained_max"] == pytest.approx(0.03)
+    assert sep["trained_min"] == pytest.approx(0.1)
+    assert sep["trained_median"] == pytest.approx(0.6)  # torch's median of 6 values: the lower middle one
+    assert sep["gap"] == pytest.approx(0.57)
+    assert sep["separated"].tolist() == [True, True, False, True, True, True]  # 0.1 < 10 x 0.03
+    table = ch02.shift_moves_table(moves, caption="c")
+    assert table.header[0] == "heads" and [row[0] for row in table.cells] == ["a", "b"]
+    with pytest.raises(ValueError, match="^factor"):
+        ch02.shift_separation(moves, factor=0)
+    with pytest.raises(ValueError, match="^moves must be"):
+        ch02.shift_separation({})
+
+
+# ================================================================ chapter 3
+class _PinnedRows:
+    """A stand-in head: model 0 puts logit 10 on position 2 at every length, model 1 on position 20 from
+    L = 21 on (position 2 below), so its argmax leaves a 16-position training range at the longer lengths."""
+
+    n_models = 2
+
+    def scores(self, seq_len):
+        s = torch.zeros(2, seq_len)
+        s[0, 2] = 10.0
+        s[1, 20 if seq_len > 20 else 2] = 10.0
+        return s
+
+    def attention_row(self, seq_len):
+        return self.scores(seq_len).softmax(-1)
+
+
+def test_pin_summary_reads_the_pin_its_share_the_range_and_the_weight():
+    summary = ch03.pin_summary(_PinnedRows(), [16, 20, 32, 64], train_len=16)
+    assert summary["position"].tolist() == [2, 2]  # model 1: 2 at two lengths, 20 at two (lowest on ties)
+    assert summary["share"].tolist() == [1.0, 0.5]
+    assert summary["inside"].tolist() == [1.0, 0.5]
+    e = torch.tensor(10.0).exp().item()
+    assert summary["weight"][0].item() == pytest.approx(e / (e + 63))  # at the longest length, 64
+    assert summary["weight"][1].item() == pytest.approx(1 / (e + 63))
+    at_16 = ch03.pin_summary(_PinnedRows(), [16, 32], 16, longest=16)["weight"]
+    assert at_16.tolist() == pytest.approx([e / (e + 15)] * 2)
+    with pytest.raises(TypeError, match="test_lengths"):
+        ch03.pin_summary(_PinnedRows(), 32, 16)
+    with pytest.raises(ValueError, match="train_len"):
+        ch03.pin_summary(_PinnedRows(), [32], 0)
 
 
 # ================================================================ chapter 4

@@ -1,12 +1,100 @@
-"""Chapter 2, RoPE's exact relative-offset equivariance: its figures (shift differences, angle errors, logit rows)."""
+"""Chapter 2, RoPE's exact relative-offset equivariance: its figures (shift differences, angle errors, logit rows)
+and the comparison of trained with untrained APE heads under a global position shift."""
 from __future__ import annotations
 
 
 import numpy as np
 import plotly.graph_objects as go
+import torch
+from torch import Tensor
 
+from .._validate import check_int, check_int_sequence, check_positive_float
+from ..analysis.probes import shift_attention_change
 from .sliders import _check_panels
 from .style import color_for, label_of
+from .tables import Table
+
+
+# ---------------------------------------------------------------- trained against untrained heads
+def shift_attention_moves(pairs: dict, seq_len: int, shifts) -> dict[str, tuple[Tensor, Tensor]]:
+    """How much of each head's attention a global position shift moves, trained heads and the same heads
+    untrained.
+
+    For every group ``name: (trained, untrained)`` of position-only heads, the total-variation distance
+    ``0.5 * sum_j |a_j(shift) - a_j(0)|`` between the query's attention row over positions
+    ``shift .. shift + L - 1`` and over ``0 .. L - 1``
+    (:func:`~lengthgen_utils.analysis.probes.shift_attention_change`): 0 when the shift leaves the
+    attention as it was (RoPE, by chapter 2's theorem), 1 when the two rows share no weight. The untrained
+    heads (the same seeds before training, e.g. ``Runs.initial_model()``) are the null: an APE head's
+    logits move under a shift whether or not it was trained, and what training adds is attention that a
+    shift can move.
+
+    Args:
+        pairs: ``{name: (trained, untrained)}``, two ``RetrievalHead`` ensembles per group (the same
+            architecture; any number of members each).
+        seq_len: the sequence length L >= 1 (tokens).
+        shifts: non-empty sequence of ints >= 1 (positions; for an APE table ``shift + L`` must fit it).
+
+    Returns:
+        ``{name: (trained [M, S], untrained [M', S])}``, float64 on CPU, in [0, 1].
+
+    Raises:
+        ValueError / TypeError: ``pairs`` empty or not pairs; a bad ``seq_len`` or ``shifts``; a shift
+            the encoding cannot cover.
+    """
+    if not isinstance(pairs, dict) or not pairs:
+        raise ValueError(f"pairs must be a non-empty dict {{name: (trained, untrained)}}; got {pairs!r:.80}")
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    shifts = check_int_sequence("shifts", shifts, minimum=1)
+    moves = {}
+    for name, pair in pairs.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"pairs[{name!r}] must be a (trained, untrained) pair of heads; got {pair!r:.80}")
+        moves[name] = tuple(shift_attention_change(m, seq_len, shifts) for m in pair)
+    return moves
+
+
+def shift_separation(moves: dict, factor: float = 10.0) -> dict:
+    """What separates trained from untrained heads in :func:`shift_attention_moves`, pooled over the groups
+    (offsets, runs) and their (seed, shift) pairs.
+
+    Args:
+        moves: the output of :func:`shift_attention_moves`.
+        factor: a trained (head, shift) pair counts as separated when it moves more than ``factor`` times
+            the largest move of any untrained head at any shift (> 0).
+
+    Returns:
+        dict with ``trained`` and ``untrained`` (every pair's move, flattened, float64), ``trained_median``,
+        ``trained_min``, ``untrained_max`` (floats, in [0, 1]), ``gap`` (``trained_median - untrained_max``)
+        and ``separated`` (bool ``[pairs]``, one per trained (head, shift) pair, in the order of ``moves``).
+
+    Raises:
+        ValueError: ``moves`` is empty; ``factor`` not a positive number.
+    """
+    if not isinstance(moves, dict) or not moves:
+        raise ValueError("moves must be the non-empty dict that shift_attention_moves returns")
+    factor = check_positive_float("factor", factor)
+    trained = torch.cat([torch.as_tensor(t, dtype=torch.float64).flatten() for t, _ in moves.values()])
+    untrained = torch.cat([torch.as_tensor(u, dtype=torch.float64).flatten() for _, u in moves.values()])
+    untrained_max = float(untrained.max())
+    median = float(trained.median())
+    return dict(trained=trained, untrained=untrained, trained_median=median, trained_min=float(trained.min()),
+                untrained_max=untrained_max, gap=median - untrained_max, separated=trained > factor * untrained_max)
+
+
+def shift_moves_table(moves: dict, caption: str = "") -> Table:
+    """One row per group of :func:`shift_attention_moves`: the trained heads' smallest and median move over
+    their (seed, shift) pairs, and the untrained heads' median and largest."""
+    if not isinstance(moves, dict) or not moves:
+        raise ValueError("moves must be the non-empty dict that shift_attention_moves returns")
+    rows = []
+    for name, (t, u) in moves.items():
+        t, u = torch.as_tensor(t).flatten(), torch.as_tensor(u).flatten()
+        rows.append({"heads": name, "trained: smallest": f"{float(t.min()):.3f}",
+                     "trained: median": f"{float(t.median()):.3f}",
+                     "untrained: median": f"{float(u.median()):.4f}",
+                     "untrained: largest": f"{float(u.max()):.4f}"})
+    return Table.from_rows(rows, caption)
 
 
 def shift_differences(shifts, curves: dict, title: str, floor: float = 1e-9) -> go.Figure:

@@ -5,10 +5,40 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from .._validate import check_int
+from .._validate import check_int, check_int_sequence
+from ..analysis.probes import attention_argmax, attention_at, pinned_position
 from ..core.encodings import LearnedAPE
 from .sliders import _check_panels, slider_figure
 from .style import PALETTE, rgba
+
+
+def pin_summary(model, test_lengths, train_len: int, longest: int | None = None) -> dict:
+    """Where a position-only head's attention argmax pins, how often, and how much attention the pin gets.
+
+    Args:
+        model: a ``RetrievalHead`` ensemble (M models).
+        test_lengths: non-empty sequence of test lengths L >= 1 (tokens).
+        train_len: the longest training length; positions below it are "inside the training range".
+        longest: the length at which the attention on the pinned key is read (default: the largest of
+            ``test_lengths``).
+
+    Returns:
+        dict of tensors ``[M]``: ``position`` (the most frequent argmax position over the test lengths,
+        :func:`~lengthgen_utils.analysis.probes.pinned_position`), ``share`` (the share of the test lengths
+        whose argmax is there), ``inside`` (the share whose argmax is a position ``< train_len``) and
+        ``weight`` (the attention on ``position`` at ``longest``).
+
+    Raises:
+        ValueError / TypeError: empty or non-int ``test_lengths``; ``train_len`` or ``longest`` not an
+            int >= 1.
+    """
+    test_lengths = list(check_int_sequence("test_lengths", test_lengths, minimum=1))
+    train_len = check_int("train_len", train_len, minimum=1)
+    longest = max(test_lengths) if longest is None else check_int("longest", longest, minimum=1)
+    position, share = pinned_position(model, test_lengths)
+    inside = (attention_argmax(model, test_lengths) < train_len).double().mean(1)
+    weight = attention_at(model, position, [longest])[:, 0]
+    return dict(position=position, share=share, inside=inside, weight=weight)
 
 
 def argmax_histogram(counts, train_len: int, marker_position: int | None, title: str,

@@ -305,8 +305,11 @@ NUMBER_LABELS = {
     "rope_16x_vs_1x_row_diff": "RoPE, largest 16x vs 1x score-row difference",
     "ape_min_shift_dlogit": "APE, logit change under a shift (smallest)",
     "ape_16x_vs_1x_row_diff_min": "APE, 16x vs 1x score-row difference (smallest)",
+    "ape_shift_attention_moved_median": "APE, trained: share of attention a shift moves (median)",
+    "untrained_ape_shift_attention_moved_max": "APE, untrained: share of attention a shift moves (largest)",
     # chapter 3
     "fixed_pinned_position": "fixed length, pinned position",
+    "fixed_pinned_positions_k135": "fixed length, pinned position at k = 1, 3, 5",
     "fixed_share_min": "fixed length, share of test lengths at the pin (lowest)",
     "fixed_weight_on_pin_min": "fixed length, attention on the pin (lowest)",
     "variable_weight_on_pin_max": "variable lengths, attention on the pin (highest)",
