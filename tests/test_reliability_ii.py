@@ -575,7 +575,8 @@ ONE_VALUE = {
     "labels": {"ch04.alias_vs_failure", "ch05.dilution_slider", "ch05.accuracy_heatmap", "ch05.r2_vs_reach",
                "ch04.censored_scatter", "ch05.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"ch05.dilution_panel",
-                 "predictions.score_lags"},  # measured lags: a list whose length defines the heads scored "exact": {"ch05.dilution_panel"},  # one model's panel
+                 "predictions.score_lags"},  # measured lags: a list whose length defines the heads scored
+    "exact": {"ch05.dilution_panel"},  # one model's panel
     "mean_field": {"ch05.dilution_panel"}, "alias_distance": set(),
     "failure_length": set(), "margin": {"ch05.r2_vs_margin"}, "rho": set(), "p_star": set(),
 }
