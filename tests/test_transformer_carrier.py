@@ -87,8 +87,7 @@ def test_a_matched_carrier_is_aligned_and_a_shifted_one_is_not():
 
 
 def test_kernel_first_alias_on_a_hand_made_kernel():
-    by_distance = torch.tensor([[0.0, 1.0, 5.0, 2.0, 3.0, 4.5, 6.0, float("nan")]])  # s(-d), d = 0..7
-    row = by_distance.flip(1)
+    row = torch.tensor([[float("nan"), 6.0, 4.5, 3.0, 2.0, 5.0, 1.0, 0.0]])  # s(D), D = -7 .. 0 (d = 7 .. 0)
     assert kernel.first_alias(row, 2, min_distance=3) == [5]  # 4.5 >= 5 - 1
     assert kernel.first_alias(row, 2, min_distance=3, tolerance=0.0) == [6]
     assert kernel.first_alias(row[:, 2:], 2, min_distance=3, tolerance=0.0) == [None]
