@@ -314,10 +314,11 @@ def test_scaled_logits_marks_the_lengths_where_a_key_is_above_the_target(monkeyp
 
 # ================================================================ chapter 7
 def _weight():
-    w = torch.zeros(2, 2, 3, 8)  # [M, n_layers, n_heads, d]
-    w[0, 1, 2, 5] = 1.0
-    w[1, 0, 1, 5] = 1.0
-    w[1, 1, 0, 3] = 2.0  # the largest weight of model 1, but at another distance
+    w = torch.zeros(2, 2, 3, 8)  # [M, n_layers, n_heads, D = -7 .. 0]: the row layout, d at index -1 - d
+    w[0, 1, 2, -1 - 5] = 1.0
+    w[1, 0, 1, -1 - 5] = 1.0
+    w[1, 1, 0, -1 - 3] = 2.0  # the largest weight of model 1, but at another distance
+    w[1, 1, 1, 5] = 3.0  # index 5 is d = 2 (a distance-major reading would take it as d = 5)
     return w
 
 
@@ -360,17 +361,21 @@ def test_copying_head_fit_and_carrier_stats_index_the_fit_in_model_layer_head_or
     trained, null = _carriers(0), _carriers(5)
     pairs, r2, peaks = ch07.copying_head_fit(trained, 5, 8)
     assert pairs == [(1, 2), (0, 1)]
-    flat = copying_heads(trained[2], 5) + torch.arange(2) * 6  # the rows of the fit over (model, layer, head)
+    heads = copying_heads(trained[2], 5)  # [M, 2]: (layer, head)
+    assert heads.tolist() == [[1, 2], [0, 1]]
+    flat = torch.arange(2) * 6 + heads[:, 0] * 3 + heads[:, 1]  # the rows of the fit over (model, layer, head)
     assert flat.tolist() == [5, 7]
     torch.testing.assert_close(r2, trained[0].r2[flat])
-    assert peaks.tolist() == [int(trained[1][0, 1, 2, 1:8].argmax()) + 1, int(trained[1][1, 0, 1, 1:8].argmax()) + 1]
+    logit = trained[1]  # the row layout over D = -7 .. 0: index j is d = 7 - j; the window is d = 1 .. 7
+    assert peaks.tolist() == [7 - int(logit[0, 1, 2, :7].argmax()), 7 - int(logit[1, 0, 1, :7].argmax())]
     stats = ch07.carrier_stats(trained, null, 5, 8)
     measured = kernel.measures(trained[0].spectrum, 5, trained[0].window).as_dict()
     untrained = kernel.measures(null[0].spectrum, 5, null[0].window).as_dict()
-    null_peak = null[1][..., 1:8].flatten(0, 2).argmax(1) + 1
+    null_peak = 7 - null[1][..., :7].flatten(0, 2).argmax(1)
     for name in measured:
         torch.testing.assert_close(stats[name]["trained"], measured[name][flat])
-        torch.testing.assert_close(stats[name]["rule"], untrained[name][copying_heads(null[2], 5) + torch.arange(2) * 6])
+        rule = copying_heads(null[2], 5)
+        torch.testing.assert_close(stats[name]["rule"], untrained[name][torch.arange(2) * 6 + rule[:, 0] * 3 + rule[:, 1]])
         torch.testing.assert_close(stats[name]["conditioned"], untrained[name][null_peak == 5])
     table = ch07.copying_head_table({5: trained}, {5: (pairs, r2, peaks)})
     assert table.cells[0][:2] == ["5", "2.3, 1.2"]  # layer.head, 1-based

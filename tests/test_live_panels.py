@@ -133,9 +133,10 @@ def test_kernel_panel_draws_each_heads_kernel_aliases_and_first_failure_from_the
         alias = "no alias" if predicted[i] is None else f"alias {predicted[i]}"
         assert line["name"] == f"seed {i}: {alias}, {fail}"
     report = live.kernel_report(heads, 3, 16, 127)
-    assert report["relative"].shape == (3, 127) and report["aliases"] == predicted
-    by_distance = kernel.offset_kernel(heads, 128).flip(1)
-    np.testing.assert_allclose(report["relative"][:, 9], (by_distance[:, 10] - by_distance[:, 3]).numpy())
+    assert report["relative"].shape == (3, 128) and report["aliases"] == predicted  # row layout: D = -127 .. 0
+    row = kernel.offset_kernel(heads, 128)
+    np.testing.assert_allclose(report["relative"][:, -1 - 10], (row[:, -1 - 10] - row[:, -1 - 3]).numpy())  # d = 10
+    assert (report["relative"][:, -1 - 3] == 0).all()  # the target, against itself
     assert report["pairs"] == sorted(set(dominant.flatten().tolist()))
     config = panel.config
     assert config["initial"] == {"base": 10000.0, "d_head": 16} and config["fixed"]["min_train_len"] == 5

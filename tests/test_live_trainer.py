@@ -260,7 +260,8 @@ def test_a_trained_heads_kernel_and_aliases_are_the_packages(page, trained):
         scale = np.abs(py_kernel[m]).max()
         assert np.abs(np.array(js["kernel"]) - py_kernel[m]).max() <= 1e-12 * scale
         assert np.abs(np.array(js["scores"]) - py_scores[m]).max() <= 1e-9 * scale  # the model's own logits
-        assert np.abs(np.array(js["rel"]) - report["relative"][m]).max() <= 1e-12 * scale
+        py_rel = report["relative"][m, -2::-1]  # the page's rel[d - 1] is d = 1 .. far; the package's, the row layout
+        assert np.abs(np.array(js["rel"]) - py_rel).max() <= 1e-12 * scale
         np.testing.assert_allclose(js["r"], spec.r[m].numpy(), rtol=1e-12)
         np.testing.assert_allclose(np.cos(js["phi"]), np.cos(spec.phi[m].numpy()), atol=1e-12)
         assert js["dominant"] == report["dominant"][m].tolist()
@@ -287,11 +288,12 @@ def test_the_pages_figures_draw_the_packages_traces(page):
         curves, 1 / 16, "chance = 0.062", 24, title, layout, fit)""", [curves, title, layout, live._fit_constants()])
     _same_figure(py, js)
 
-    rel = rng.normal(-6, 4, (3, 300))
+    rel = rng.normal(-6, 4, (3, 301))  # the row layout over D = -300 .. 0
     args = dict(aliases=[40, None, 77], failures=[64, None, 128], candidates=[20, 40, 77, 100], pairs=[0, 1],
                 train_len=16, longest_tested=256, title="Kernel of RoPE heads, base 10⁴, d<sub>head</sub> = 16, k = 3")
     py = render.fit_to_column(ch04.alias_kernel_figure(rel, **args))
-    seeds = [{"rel": r.tolist(), "alias": a, "fail": f} for r, a, f in zip(rel, args["aliases"], args["failures"])]
+    seeds = [{"rel": r[-2::-1].tolist(), "alias": a, "fail": f}  # the page's rel[d - 1], d = 1 .. 300
+             for r, a, f in zip(rel, args["aliases"], args["failures"])]
     js = page.evaluate("""([d, layout, fit]) => window.LengthgenLive.kernelFigure(d, layout, fit)""",
                        [{"maxDistance": 300, "longestTested": 256, "yLow": -12, "yHigh": 8, "seeds": seeds,
                          "candidates": args["candidates"], "pairs": [0, 1], "title": args["title"]},

@@ -177,8 +177,7 @@ def test_a_test_time_swap_keeps_weights_and_a_positive_rescaling_keeps_every_pre
 
 def test_selection_margins_on_a_hand_made_kernel():
     # row layout over n = 8 (D = -7 .. 0); train_len 4 -> window d = 1, 2, 3; target k = 2
-    by_distance = torch.tensor([[9.0, 1.0, 5.0, 2.0, 0.0, 6.0, 3.0, 4.0]])  # s(-d) for d = 0 .. 7
-    row = by_distance.flip(1)
+    row = torch.tensor([[4.0, 3.0, 6.0, 0.0, 2.0, 5.0, 1.0, 9.0]])  # s(D) for D = -7 .. 0 (d = 7 .. 0)
     inside, beyond = kernel.selection_margins(row, 2, 4)
     assert inside.item() == 3.0  # s(-2) = 5 over max(s(-1), s(-3)) = 2; the query's own 9 is excluded
     assert beyond.item() == 1.0  # max over d = 4..7 is 6

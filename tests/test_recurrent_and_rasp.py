@@ -20,7 +20,10 @@ def test_the_kernel_readout_is_the_recurrence():
     reference = torch.einsum("mvn,mbn->mbv", model.C, model.states(tokens))  # C h_{L-1}, step by step
     torch.testing.assert_close(logits, reference)
     assert norms.shape == (3, 13)
-    torch.testing.assert_close(norms, model.kernel_norm(13).to(norms))  # column d: ||C A^d B||
+    torch.testing.assert_close(norms, model.kernel_norm(13).to(norms))  # row layout: column j is ||C A^(12-j) B||
+    K = model.kernel(13)  # [M, d, V, V+1]
+    torch.testing.assert_close(norms[:, -1], K[:, 0].flatten(1).norm(dim=-1))  # D = 0: ||C B||, the last column
+    torch.testing.assert_close(norms[:, 0], K[:, 12].flatten(1).norm(dim=-1))  # D = -12: the first
     per_model = tokens.expand(3, 5, 13)
     torch.testing.assert_close(model(per_model)[0], logits)  # the [M, B, L] path agrees
 

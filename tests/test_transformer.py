@@ -8,6 +8,7 @@ from lengthgen_utils.run.configs import TransformerExperiment
 from lengthgen_utils.run.evaluation import split_accuracy, token_accuracy_by_position
 from lengthgen_utils.core.fast import FastTransformer
 from lengthgen_utils.core.models import Transformer
+from lengthgen_utils.core.seeding import generator
 from lengthgen_utils.analysis.probes import head_offset_profiles, shift_invariance
 from lengthgen_utils.core.tasks import IGNORE_INDEX, Copy, DelayedCopy, LaggedSum, RunningParity
 from lengthgen_utils.run.training import sequence_cross_entropy, train_sequence
@@ -172,8 +173,29 @@ def test_rope_transformer_learns_delayed_copy_and_its_copying_head_peaks_at_the_
     acc, counts = token_accuracy_by_position(model, task, 32, n_samples=64)
     inside, outside = split_accuracy(acc, counts, 16)
     assert float(inside) > 0.9 and float(outside) > 0.9, (inside, outside)
-    _, weight = head_offset_profiles(model, task, 32, n_samples=8)
-    assert (torch.nan_to_num(weight[0, 0], nan=-1).argmax(-1) == 3).any()
+    _, weight = head_offset_profiles(model, task, 32, n_samples=8)  # row layout: index -1 - d holds distance d
+    assert (torch.nan_to_num(weight[0, 0], nan=-1).argmax(-1) == 32 - 1 - 3).any()
+
+
+def test_head_offset_profiles_are_in_the_row_layout_with_d_0_last_and_nans_first():
+    """Index j holds D = j - (L - 1): the last entry is each query's logit with itself, index -1 - d the key d
+    back; the distances beyond min_query, which not every averaged query sees, are NaN, at the start."""
+    model = Transformer(16, 2, 2, 32, "rope", n_models=2)
+    task, seq_len, min_query = DelayedCopy(16, 3), 20, 12
+    logit, weight = head_offset_profiles(model, task, seq_len, n_samples=4, seed=5, min_query=min_query)
+    assert logit.shape == weight.shape == (2, 2, 2, seq_len)
+    tokens, _ = task.sample(4, seq_len, generator(5), device=model.device)  # the probe's own sequences
+    for layer, scores in enumerate(model.head_scores(tokens)):  # [M, B, H, L, L]
+        for d in (0, 1, 3, min_query):
+            for out, values in ((logit, scores), (weight, scores.softmax(-1))):
+                pairs = torch.diagonal(values, offset=-d, dim1=-2, dim2=-1)  # (i, i - d) for i = d .. L-1
+                direct = pairs[..., min_query - d:].double().mean((1, -1))  # queries i >= min_query: [M, H]
+                torch.testing.assert_close(out[:, layer, :, -1 - d], direct)
+    self_logit = torch.diagonal(model.head_scores(tokens)[0], dim1=-2, dim2=-1)[..., min_query:]
+    torch.testing.assert_close(logit[:, 0, :, -1], self_logit.double().mean((1, -1)))  # D = 0: the query itself
+    assert torch.isnan(logit[..., : seq_len - 1 - min_query]).all()  # D < -min_query: at the start
+    assert torch.isfinite(logit[..., seq_len - 1 - min_query :]).all()  # D = -min_query .. 0: at the end
+    assert torch.isnan(weight).equal(torch.isnan(logit))
 
 
 def test_experiment_holds_a_task_object_and_rejects_a_name():

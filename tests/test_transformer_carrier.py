@@ -9,7 +9,7 @@ from lengthgen_utils.analysis import kernel
 from lengthgen_utils.analysis.kernel import CarrierSpectrum, fit_carrier, measures
 from lengthgen_utils.core.models import RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import RoPE, RotaryFrequencies
-from lengthgen_utils.analysis.probes import copying_heads, head_carriers
+from lengthgen_utils.analysis.probes import copying_heads, head_carriers, head_offset_profiles
 from lengthgen_utils.core.tasks import DelayedCopy
 
 
@@ -87,8 +87,7 @@ def test_a_matched_carrier_is_aligned_and_a_shifted_one_is_not():
 
 
 def test_kernel_first_alias_on_a_hand_made_kernel():
-    by_distance = torch.tensor([[0.0, 1.0, 5.0, 2.0, 3.0, 4.5, 6.0, float("nan")]])  # s(-d), d = 0..7
-    row = by_distance.flip(1)
+    row = torch.tensor([[float("nan"), 6.0, 4.5, 3.0, 2.0, 5.0, 1.0, 0.0]])  # s(D), D = -7 .. 0 (d = 7 .. 0)
     assert kernel.first_alias(row, 2, min_distance=3) == [5]  # 4.5 >= 5 - 1
     assert kernel.first_alias(row, 2, min_distance=3, tolerance=0.0) == [6]
     assert kernel.first_alias(row[:, 2:], 2, min_distance=3, tolerance=0.0) == [None]
@@ -97,12 +96,14 @@ def test_kernel_first_alias_on_a_hand_made_kernel():
 
 
 def test_copying_heads_picks_the_most_weight_at_the_offset():
-    weight = torch.zeros(2, 2, 3, 10)
-    weight[0, 1, 2, 4] = 0.9
-    weight[1, 0, 1, 4] = 0.5
-    weight[1, 1, 0, 5] = 0.99  # most weight, but not at d = 4
-    assert copying_heads(weight, 4).tolist() == [1 * 3 + 2, 0 * 3 + 1]
-    assert copying_heads(weight, [4, 5]).tolist() == [5, 3]
+    weight = torch.zeros(2, 2, 3, 10)  # row layout: index -1 - d holds distance d
+    weight[0, 1, 2, -1 - 4] = 0.9
+    weight[1, 0, 1, -1 - 4] = 0.5
+    weight[1, 1, 0, -1 - 5] = 0.99  # most weight, but not at d = 4
+    weight[1, 1, 1, 4] = 0.999  # index 4 of 10 is d = 5 (a distance-major reading would take it as d = 4)
+    assert copying_heads(weight, 4).tolist() == [[1, 2], [0, 1]]  # (layer, head)
+    assert copying_heads(weight, [4, 5]).tolist() == [[1, 2], [1, 1]]
+    assert copying_heads(weight, 4).dtype == torch.long
     with pytest.raises(ValueError, match="weight must be"):
         copying_heads(weight[0], 4)
 
@@ -111,7 +112,13 @@ def test_head_carriers_fits_every_head_of_a_rope_transformer_and_refuses_others(
     model = Transformer(16, 2, 2, 32, "rope", max_len=64, n_models=2)
     fit, logit, weight = head_carriers(model, DelayedCopy(16, 3), train_len=16, n_samples=4)
     assert fit.spectrum.r.shape == (2 * 2 * 2, 8) and fit.window.tolist() == list(range(-1, -16, -1))
-    assert logit.shape == weight.shape == (2, 2, 2, 17)
+    assert logit.shape == weight.shape == (2, 2, 2, 17)  # row layout over D = -16 .. 0
+    assert torch.isfinite(logit).all() and torch.isfinite(weight).all()
+    profile, _ = head_offset_profiles(model, DelayedCopy(16, 3), 32, n_samples=4, min_query=16)
+    torch.testing.assert_close(logit, profile[..., -17:], rtol=0, atol=0)  # the same probe, its last 17 entries
+    profiles = logit[..., fit.window - 1].reshape(8, 15)  # column w holds D = fit.window[w] (index -1 + D)
+    refit = fit_carrier(profiles, fit.window, model.encoding.frequencies(16, 32))
+    torch.testing.assert_close(refit.r2, fit.r2, rtol=0, atol=0)
     assert ((fit.r2 >= 0) & (fit.r2 <= 1 + 1e-9)).all()
     torch.testing.assert_close(weight.sum(-1) <= 1 + 1e-6, torch.ones(2, 2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="RoPE transformer"):

@@ -7,7 +7,13 @@ is stored as ``[M, n]`` in the **row layout**: column ``j`` holds ``s(D = j - (n
 attention logits of a query at position ``n-1`` over keys ``0 .. n-1``, exactly as
 :meth:`~lengthgen_utils.core.models.RetrievalHead.scores` returns them. The target ``D = -k`` is
 column ``n-1-k``, and the row at a shorter length ``L`` is the last ``L`` columns.
-:mod:`~lengthgen_utils.analysis.theory` takes kernels in the same layout.
+:mod:`~lengthgen_utils.analysis.theory` takes kernels in the same layout, and so does every public
+function of the package that takes or returns values over relative positions (a transformer head's
+profiles, :func:`~lengthgen_utils.analysis.probes.head_offset_profiles`; a recurrent model's kernel
+norms, :meth:`~lengthgen_utils.core.models.LinearRNN.kernel_norm`). Some functions flip a kernel into a
+distance-major working copy (column ``d`` holds ``s(-d)``) inside; none takes or returns one. (The one
+quantity indexed by distance is :meth:`~lengthgen_utils.core.models.LinearRNN.kernel`: the matrices
+``K(d) = C A^d B`` by their power ``d``, on an axis that is not the last.)
 
 Sources: Su et al. 2021 (RoFormer: RoPE scores depend on the offset alone); the paper's
 "low-rank carrier aligned with the offset" (arXiv 2607.18759, abstract), in the book's
@@ -340,7 +346,7 @@ def first_alias(source, offset, min_distance: int, max_distance: int | None = No
     m, n = kernel.shape
     ks = per_model_ints("offset", offset, m, minimum=1, maximum=n - 1)
     min_distance = check_int("min_distance", min_distance, minimum=max(ks) + 1, maximum=n - 1)
-    by_distance = kernel.flip(1)  # column d holds s(-d)
+    by_distance = kernel.flip(1)  # a working copy: column d holds s(-d)
     out = []
     for i, k in enumerate(ks):
         row = by_distance[i]
@@ -567,8 +573,8 @@ def dilution_law_fit(source, offset, train_len: int, max_len: int) -> dict:
 
 
 def _by_distance(kernel: Tensor, offset, train_len: int) -> tuple[Tensor, Tensor, int]:
-    """A row-layout kernel ``[M, n]`` checked and flipped so that column ``d`` holds ``s(-d)`` (float64 on the
-    CPU), with the offsets ``[M]`` and the checked training length (``3 <= train_len < n``,
+    """A row-layout kernel ``[M, n]`` checked and flipped into a working copy whose column ``d`` holds ``s(-d)``
+    (float64 on the CPU), with the offsets ``[M]`` and the checked training length (``3 <= train_len < n``,
     ``1 <= k <= train_len - 2``)."""
     if not isinstance(kernel, Tensor) or kernel.dim() != 2:
         raise ValueError(f"kernel must be a tensor [M, n] in the row layout; got {getattr(kernel, 'shape', kernel)!r}")
@@ -669,8 +675,9 @@ def fit_carrier(profile: Tensor, window, theta, rcond: float = 1e-3) -> CarrierF
     :func:`carrier_spectrum`, so :func:`alignment` and the other measures read it the same way.
 
     Args:
-        profile: float ``[N, W]``: column ``w`` holds the profile at ``window[w]`` (e.g. a head's mean
-            attention logit at each offset, from :func:`~lengthgen_utils.analysis.probes.head_offset_profiles`).
+        profile: float ``[N, W]``: column ``w`` holds the profile at ``window[w]``, in any order the window
+            gives (e.g. a head's mean attention logit at each relative position of the window, picked out of the
+            row layout of :func:`~lengthgen_utils.analysis.probes.head_offset_profiles` at index ``window - 1``).
         window: the ``W`` integer relative positions ``D`` of the columns (distinct).
         theta: ``[P]`` frequencies in rad/token (e.g. ``RoPE().frequencies(d_head, L)``).
         rcond: singular values of ``Phi_W`` below ``rcond * sigma_max`` are dropped. With RoPE's

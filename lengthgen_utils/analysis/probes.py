@@ -346,10 +346,10 @@ def query_similarity(model, positions, reference_position: int) -> Tensor:
 @torch.no_grad()
 def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: int = 999,
                          min_query: int | None = None) -> tuple[Tensor, Tensor]:
-    """Each head's mean attention logit and mean attention weight as a function of the distance back.
+    """Each head's mean attention logit and mean attention weight as a function of the relative position.
 
-    For every query position ``i >= min_query`` and key ``j <= i``, the distance is
-    ``d = i - j`` (relative position ``D = -d``; 0 = the query itself). Logits and weights are
+    For every query position ``i >= min_query`` and key ``j <= i``, the relative position is
+    ``D = j - i`` (distance ``d = -D``; ``D = 0`` is the query itself). Logits and weights are
     averaged over queries and over random sequences (i.e. over content).
 
     Args:
@@ -362,9 +362,11 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
             averaged query sees at least ``seq_len // 2`` keys).
 
     Returns:
-        ``logit [M, n_layers, n_heads, seq_len]`` and ``weight`` of the same shape, where
-        index ``d`` holds distance ``d`` (only ``d <= min_query`` are averaged over all queries;
-        larger ``d`` are NaN).
+        ``logit [M, n_layers, n_heads, seq_len]`` and ``weight`` of the same shape, in the row layout
+        of :func:`~lengthgen_utils.analysis.kernel.relative_positions`: index ``j`` holds
+        ``D = j - (seq_len - 1)``, so the last index is ``D = 0`` and the target of offset ``k`` is
+        index ``-1 - k``. Only ``D >= -min_query`` are averaged over all queries; the entries at
+        ``D < -min_query`` (the first ``seq_len - 1 - min_query`` indices) are NaN.
     """
     seq_len = shared_task(task).check_seq_len(seq_len)
     min_query = seq_len // 2 if min_query is None else check_int("min_query", min_query, 0, seq_len - 1)
@@ -373,14 +375,14 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
     with model_threads(model):  # the thread count the model is trained and evaluated with
         scores = model.head_scores(tokens)  # list of [M, B, H, L, L]
     queries = torch.arange(min_query, seq_len, device=model.device)
-    distances = torch.arange(min_query + 1, device=model.device)
-    keys = queries[None, :] - distances[:, None]  # [d, query]: every averaged query sees every distance
+    relative = torch.arange(-min_query, 1, device=model.device)  # D = -min_query .. 0, the row layout's tail
+    keys = queries[None, :] + relative[:, None]  # [D, query]: every averaged query sees every D
     logit = torch.full((model.n_models, len(scores), model.n_heads, seq_len), float("nan"), dtype=torch.float64)
     weight = logit.clone()
     for layer, s in enumerate(scores):
         for out, values in ((logit, s), (weight, s.softmax(-1))):
-            picked = values[..., queries.expand_as(keys), keys]  # [M, B, H, d, query]: one gather for all d
-            out[:, layer, :, : min_query + 1] = picked.double().mean((1, 4)).cpu()
+            picked = values[..., queries.expand_as(keys), keys]  # [M, B, H, D, query]: one gather for all D
+            out[:, layer, :, seq_len - 1 - min_query:] = picked.double().mean((1, 4)).cpu()
     return logit, weight
 
 
@@ -446,28 +448,30 @@ def copying_heads(weight: Tensor, offset) -> Tensor:
     """The head of each model that puts the most mean attention weight at the task's offset.
 
     Args:
-        weight: ``[M, n_layers, n_heads, n]`` mean attention weight by distance (index ``d``), e.g.
-            from :func:`head_offset_profiles`.
-        offset: the distance ``k`` (one int, or one per model).
+        weight: ``[M, n_layers, n_heads, n]`` mean attention weight in the row layout (index ``j`` holds
+            ``D = j - (n - 1)``; the offset ``k`` is index ``-1 - k``), e.g. from :func:`head_offset_profiles`.
+        offset: the distance ``k`` (one int, or one per model), ``0 <= k <= n - 1``.
 
     Returns:
-        long ``[M]``: the flat head index ``layer * n_heads + head`` of each model.
+        long ``[M, 2]``: the ``(layer, head)`` of each model's copying head (0-based). Ties go to the
+        first head in (layer, head) order; a NaN weight never wins.
     """
     if not isinstance(weight, Tensor) or weight.dim() != 4:
         raise ValueError(f"weight must be a tensor [M, n_layers, n_heads, n]; got {getattr(weight, 'shape', weight)!r}")
-    m = weight.shape[0]
-    ks = per_model_ints("offset", offset, m, minimum=0, maximum=weight.shape[-1] - 1)
-    at_k = torch.stack([weight[i, :, :, k] for i, k in enumerate(ks)])  # [M, n_layers, n_heads]
-    return torch.nan_to_num(at_k.flatten(1), nan=-1.0).argmax(1)
+    m, _, n_heads, n = weight.shape
+    ks = per_model_ints("offset", offset, m, minimum=0, maximum=n - 1)
+    at_k = torch.stack([weight[i, :, :, -1 - k] for i, k in enumerate(ks)])  # [M, n_layers, n_heads]
+    best = torch.nan_to_num(at_k.flatten(1), nan=-1.0).argmax(1)  # over (layer, head), layer-major
+    return torch.stack((best // n_heads, best % n_heads), dim=1)
 
 
 def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 999,
                   rcond: float = 1e-3) -> tuple[CarrierFit, Tensor, Tensor]:
     """Fit the carrier form to every head's content-averaged attention logit over the training window.
 
-    Each head's mean logit at distance ``d`` (:func:`head_offset_profiles` on sequences of length
+    Each head's mean logit at relative position ``D`` (:func:`head_offset_profiles` on sequences of length
     ``2 train_len``, averaged over the last ``train_len`` queries and over content) is fitted with
-    ``sum_i r_i cos(theta_i D - phi_i)``, ``D = -d`` for ``d = 1 .. train_len - 1`` (the query's own
+    ``sum_i r_i cos(theta_i D - phi_i)`` for ``D = -1 .. -(train_len - 1)`` (the query's own
     key, whose token is the query's, is left out), by
     :func:`~lengthgen_utils.analysis.kernel.fit_carrier` with the encoding's frequencies. Under RoPE the mean
     logit of a layer-1 head is exactly of this form (its query and key see independent tokens at
@@ -483,8 +487,10 @@ def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 
 
     Returns:
         ``(fit, logit, weight)``: the :class:`~lengthgen_utils.analysis.kernel.CarrierFit` of
-        ``N = M * n_layers * n_heads`` profiles in the order ``(model, layer, head)``, and the mean
-        logit and weight ``[M, n_layers, n_heads, train_len + 1]`` by distance ``d = 0 .. train_len``.
+        ``N = M * n_layers * n_heads`` profiles in the order ``(model, layer, head)`` (its ``window``
+        runs outward from the query, ``D = -1, -2, .., -(train_len - 1)``), and the mean logit and weight
+        ``[M, n_layers, n_heads, train_len + 1]`` in the row layout over ``D = -train_len .. 0`` (the last
+        index is ``D = 0``; the offset ``k`` is index ``-1 - k``).
 
     Raises:
         ValueError: the model's encoding is not RoPE (its logits are not a function of the offset).
@@ -498,10 +504,10 @@ def head_carriers(model, task, train_len: int, n_samples: int = 32, seed: int = 
     logit, weight = head_offset_profiles(model, task, 2 * train_len, n_samples=n_samples, seed=seed,
                                          min_query=train_len)
     d_head = model.config.d_head
-    window = -torch.arange(1, train_len)
-    profiles = logit[..., 1:train_len].reshape(-1, train_len - 1)
+    window = -torch.arange(1, train_len)  # D = -1, -2, .., -(train_len - 1): outward from the query
+    profiles = logit[..., window - 1].reshape(-1, train_len - 1)  # column w holds D = window[w]
     fit = fit_carrier(profiles, window, encoding.frequencies(d_head, 2 * train_len), rcond=rcond)
-    return fit, logit[..., : train_len + 1], weight[..., : train_len + 1]
+    return fit, logit[..., -(train_len + 1):], weight[..., -(train_len + 1):]
 
 
 # ---------------------------------------------------------------- what was selected (chapter 9)

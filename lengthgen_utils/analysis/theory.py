@@ -175,7 +175,7 @@ def distractor_ratio(kernel: Tensor, offset) -> Tensor:
     kernel = _check_kernel(kernel)
     m, n = kernel.shape
     ks = torch.tensor(per_model_ints("offset", offset, m, minimum=1, maximum=n - 2))
-    by_distance = kernel.flip(1)  # column d holds s(-d)
+    by_distance = kernel.flip(1)  # a working copy: column d holds s(-d)
     rows = torch.arange(m)
     weights = torch.exp(by_distance - by_distance[rows, ks][:, None])
     weights[rows, ks] = 0.0

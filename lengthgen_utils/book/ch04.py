@@ -371,7 +371,8 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
     the same traces in the browser (``_static/lengthgen_live.js``, ``kernelFigure``).
 
     Args:
-        relative: ``[n_seeds, n]`` float, column ``d - 1`` holding ``s(-d) - s(-k)`` (nats).
+        relative: ``[n_seeds, n + 1]`` float, ``s(D) - s(-k)`` (nats) in the row layout over ``D = -n .. 0``
+            (column ``-1 - d`` holds distance ``d``; the column ``D = 0`` is not drawn).
         aliases: per seed, the predicted first alias distance (int) or None.
         failures: per seed, the first failing length (int) or None (none up to ``longest_tested``).
         candidates: candidate alias distances (ints in ``1 .. n``), increasing.
@@ -391,8 +392,9 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
             None per seed, a candidate lies outside ``1 .. n``, or ``train_len < 2``.
     """
     rel = np.asarray(relative, dtype=float)
-    if rel.ndim != 2 or rel.shape[1] < 2:
-        raise ValueError(f"relative must be [n_seeds, n >= 2]; got shape {rel.shape}")
+    if rel.ndim != 2 or rel.shape[1] < 3:
+        raise ValueError(f"relative must be [n_seeds, n + 1 >= 3] (D = -n .. 0); got shape {rel.shape}")
+    rel = rel[:, -2::-1]  # a working copy for the log-distance axis: column d - 1 holds d = 1 .. n
     n_seeds, n = rel.shape
     aliases = per_model("aliases", aliases, n_seeds, _int_or_none, shared=False)
     failures = per_model("failures", failures, n_seeds, _int_or_none, shared=False)

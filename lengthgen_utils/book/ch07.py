@@ -1,5 +1,9 @@
 """Chapter 7, the transformer: its figures (attention by distance, trained heads against their nulls) and
-its copying heads, named by (layer, head) pairs."""
+its copying heads, named by (layer, head) pairs.
+
+Per-head profiles are in the package's row layout (:func:`~lengthgen_utils.analysis.kernel.relative_positions`):
+``[..., n]`` with index ``j`` holding the relative position ``D = j - (n - 1)``, the last index ``D = 0``
+(the query itself) and the offset ``k`` at index ``-1 - k``."""
 from __future__ import annotations
 
 
@@ -8,27 +12,27 @@ import plotly.graph_objects as go
 import torch
 
 from .._validate import check_int
-from ..analysis.kernel import measures, variation
+from ..analysis.kernel import measures, relative_positions, variation
 from ..analysis.probes import copying_heads
 from .render import FIGURE_HEIGHT
 from .tables import Table
 
 
 def head_offset_heatmap(profile, title: str, max_offset: int | None = None, value: str = "mean attention weight") -> go.Figure:
-    """Heatmap of a per-head profile by distance: rows = (layer, head), columns = relative position ``D = -d``.
+    """Heatmap of a per-head profile: rows = (layer, head), columns = relative position ``D = -d`` (0 on the right).
 
     Args:
-        profile: ``[n_layers, n_heads, n_distances]`` (index ``d`` is the relative position ``D = -d``).
+        profile: ``[n_layers, n_heads, n]`` in the row layout (index ``j`` holds ``D = j - (n - 1)``).
         title: figure title.
-        max_offset: show relative positions ``0 .. -max_offset`` only.
+        max_offset: show relative positions ``-max_offset .. 0`` only (the last ``max_offset + 1`` columns).
         value: what the colour encodes (colour-bar title).
     """
     profile = np.asarray(profile, dtype=float)
     n_layers, n_heads, n_off = profile.shape
     n_off = n_off if max_offset is None else min(n_off, max_offset + 1)
-    z = profile[:, :, :n_off].reshape(n_layers * n_heads, n_off)
+    z = profile[:, :, profile.shape[2] - n_off:].reshape(n_layers * n_heads, n_off)  # D = -(n_off - 1) .. 0
     rows = [f"layer {l + 1} head {h + 1}" for l in range(n_layers) for h in range(n_heads)]
-    fig = go.Figure(go.Heatmap(z=z, x=[-d for d in range(n_off)], y=rows, colorscale="Viridis",
+    fig = go.Figure(go.Heatmap(z=z, x=relative_positions(n_off).tolist(), y=rows, colorscale="Viridis",
                                colorbar=dict(title=dict(text=value, side="right")),
                                hovertemplate="%{y}, D = %{x}: %{z:.3f}<extra></extra>"))
     fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 60 + 28 * len(rows)))
@@ -93,7 +97,8 @@ def copying_head_pairs(weight, offset: int) -> list:
     attention weight at distance ``offset`` (:func:`~lengthgen_utils.analysis.probes.copying_heads`).
 
     Args:
-        weight: ``[M, n_layers, n_heads, n]`` mean attention weight by distance ``d = 0 .. n - 1``.
+        weight: ``[M, n_layers, n_heads, n]`` mean attention weight in the row layout over
+            ``D = -(n - 1) .. 0``.
         offset: the task's offset k (one int, ``1 <= k < n``).
 
     Returns:
@@ -106,15 +111,14 @@ def copying_head_pairs(weight, offset: int) -> list:
     """
     weight = _profiles("weight", weight)
     offset = check_int("offset", offset, minimum=1, maximum=weight.shape[-1] - 1)
-    n_heads = weight.shape[2]
-    return [divmod(int(h), n_heads) for h in copying_heads(weight, offset)]
+    return [(layer, head) for layer, head in copying_heads(weight, offset).tolist()]
 
 
 def head_rows(values, pairs):
     """Each model's row of one head: ``values[m, layer, head]`` for the pair ``(layer, head)`` of model ``m``.
 
     Args:
-        values: ``[M, n_layers, n_heads, ...]`` a per-head quantity (e.g. a mean logit by distance).
+        values: ``[M, n_layers, n_heads, ...]`` a per-head quantity (e.g. a mean logit in the row layout).
         pairs: ``M`` pairs ``(layer, head)`` (:func:`copying_head_pairs`).
 
     Returns:
@@ -137,8 +141,16 @@ def head_rows(values, pairs):
 
 
 def _flat_rows(pairs, n_layers: int, n_heads: int):
-    """The rows of ``pairs`` in a fit over every head in the order (model, layer, head)."""
-    return torch.tensor([(m * n_layers + layer) * n_heads + head for m, (layer, head) in enumerate(pairs)])
+    """The rows of ``pairs`` in a fit over every head in the order (model, layer, head): long ``[M]``."""
+    row_of = torch.arange(len(pairs) * n_layers * n_heads).reshape(len(pairs), n_layers, n_heads)
+    return head_rows(row_of, pairs)  # row_of[m, layer, head] is that head's row in the fit
+
+
+def _window_peaks(logit, train_len: int):
+    """The distance ``d`` of the largest mean logit in the window ``d = 1 .. train_len - 1``, for a profile
+    ``[..., n]`` in the row layout (``n > train_len``): long ``[...]``."""
+    by_distance = logit[..., -train_len:-1].flip(-1)  # a working copy: index i holds d = i + 1
+    return by_distance.argmax(-1) + 1  # a tie goes to the nearest distance
 
 
 def copying_head_fit(carriers, offset: int, train_len: int) -> tuple:
@@ -146,7 +158,8 @@ def copying_head_fit(carriers, offset: int, train_len: int) -> tuple:
 
     Args:
         carriers: ``(fit, logit, weight)`` of :func:`~lengthgen_utils.analysis.probes.head_carriers` (logit and
-            weight ``[M, n_layers, n_heads, train_len + 1]``, the fit over every head, in (model, layer, head)).
+            weight ``[M, n_layers, n_heads, train_len + 1]`` in the row layout over ``D = -train_len .. 0``, the fit
+            over every head, in (model, layer, head)).
         offset: the task's offset k.
         train_len: the training length: the window is ``d = 1 .. train_len - 1``.
 
@@ -162,7 +175,7 @@ def copying_head_fit(carriers, offset: int, train_len: int) -> tuple:
     fit, logit, weight = carriers
     pairs = copying_head_pairs(weight, offset)
     rows = _flat_rows(pairs, *weight.shape[1:3])
-    peaks = head_rows(logit, pairs)[:, 1:train_len].argmax(1) + 1
+    peaks = _window_peaks(head_rows(logit, pairs), train_len)
     return pairs, fit.r2[rows], peaks
 
 
@@ -191,7 +204,7 @@ def carrier_stats(carriers, null, offset: int, train_len: int) -> dict:
     null_fit, null_logit, null_weight = null
     heads = _flat_rows(copying_head_pairs(weight, offset), *weight.shape[1:3])
     rule = _flat_rows(copying_head_pairs(null_weight, offset), *null_weight.shape[1:3])
-    null_peak = null_logit[..., 1:train_len].flatten(0, 2).argmax(1) + 1  # every untrained head
+    null_peak = _window_peaks(null_logit, train_len).flatten()  # every untrained head, in (model, layer, head)
     trained = measures(fit.spectrum, offset, fit.window).as_dict()
     untrained = measures(null_fit.spectrum, offset, null_fit.window).as_dict()
     return {name: {"trained": trained[name][heads], "rule": untrained[name][rule],

@@ -285,7 +285,8 @@ def kernel_report(model, offset: int, train_len: int, max_distance: int, toleran
         tolerance: nats below the target logit that count as an alias.
 
     Returns:
-        ``{"relative": float64 [M, max_distance]`` (column ``d - 1``: ``s(-d) - s(-k)``, nats),
+        ``{"relative": float64 [M, max_distance + 1]``, ``s(D) - s(-k)`` (nats) in the row layout over
+        ``D = -max_distance .. 0`` (column ``-1 - d`` holds distance ``d``),
         ``"aliases"``: per head the predicted first alias (:func:`~lengthgen_utils.analysis.kernel.predicted_alias_distance`)
         or None, ``"dominant"``: ``[M, 2]`` pair indices, ``"candidates"``: the union of the heads' candidate
         alias distances ``k + lag >= train_len`` (increasing), ``"pairs"``: the union of their dominant pairs}.
@@ -293,8 +294,8 @@ def kernel_report(model, offset: int, train_len: int, max_distance: int, toleran
     Raises:
         ValueError: not a RoPE head, or sizes out of range (see the kernel functions).
     """
-    by_distance = kernel.offset_kernel(model, max_distance + 1).flip(1)  # column d: s(-d)
-    relative = (by_distance[:, 1:] - by_distance[:, offset:offset + 1]).numpy()
+    row = kernel.offset_kernel(model, max_distance + 1)  # s(D), D = -max_distance .. 0
+    relative = (row - row[:, -1 - offset, None]).numpy()
     aliases, dominant = kernel.predicted_alias_distance(model, offset, train_len, max_distance, tolerance=tolerance)
     theta = kernel.carrier_spectrum(model).theta
     candidates = set()

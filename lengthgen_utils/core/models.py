@@ -510,7 +510,8 @@ class LinearRNN(Ensemble):
     (``N(0, 1/n)``).
 
     Shapes:
-        ``forward(tokens [B, L] or [M, B, L])`` -> ``(logits [M, B, V], kernel norms [M, L])``.
+        ``forward(tokens [B, L] or [M, B, L])`` -> ``(logits [M, B, V], kernel norms [M, L])``, the norms
+        in the row layout (column ``j`` holds ``||K(d = L-1-j)||``; the last is ``d = 0``).
 
     Raises:
         ValueError / TypeError: sizes out of range; bad tokens; positions given (an RNN has none);
@@ -558,9 +559,10 @@ class LinearRNN(Ensemble):
         return kernel
 
     def kernel_norm(self, seq_len: int) -> Tensor:
-        """Frobenius norm of ``K(d)`` for ``d = 0 .. L-1``: float64 ``[M, L]`` (how much distance ``d`` counts)."""
+        """Frobenius norm of ``K(d)``, how much the token at ``D = -d`` counts: float64 ``[M, L]`` in the row
+        layout (column ``j`` holds ``D = j - (L-1)``, ``d = L-1-j``; the last column is ``d = 0``)."""
         with torch.no_grad():
-            return self.kernel(seq_len).double().flatten(2).norm(dim=-1).cpu()
+            return self.kernel(seq_len).double().flatten(2).norm(dim=-1).flip(1).cpu()
 
     def spectral_radius(self) -> Tensor:
         """Largest ``|eigenvalue|`` of ``A`` per model: float64 ``[M]`` (< 1: the kernel decays geometrically)."""
@@ -575,7 +577,7 @@ class LinearRNN(Ensemble):
         return h
 
     def forward(self, tokens: Tensor, validate: bool = True, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``tokens [B, L]`` or ``[M, B, L]`` -> ``(logits [M, B, V], kernel norms [M, L])``.
+        """``tokens [B, L]`` or ``[M, B, L]`` -> ``(logits [M, B, V], kernel norms [M, L])`` (row layout).
 
         ``validate=False`` skips the token-range check (see :func:`_check_tokens`). ``positions`` must be
         None: the training loop passes the encoding's training positions, which NoPE leaves at None.
@@ -588,7 +590,7 @@ class LinearRNN(Ensemble):
         one_hot = F.one_hot(tokens, self.config.vocab_size + 1).to(kernel.dtype)  # [(M,) B, L, V+1]
         pattern = "mblv,mlcv->mbc" if tokens.dim() == 3 else "blv,mlcv->mbc"
         logits = torch.einsum(pattern, one_hot, kernel)
-        return logits, kernel.detach().flatten(2).norm(dim=-1).flip(1)
+        return logits, kernel.detach().flatten(2).norm(dim=-1)  # row layout, as the kernel above
 
     def _fresh(self, seeds: list[int]) -> "LinearRNN":
         cfg = self.config
