@@ -183,7 +183,7 @@ def test_red_means_ape_alone():
 
     import importlib
 
-    for name in ("ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch09", "figures", "render", "sliders", "style"):
+    for name in ("ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "figures", "render", "sliders", "style"):
         module = importlib.import_module(f"lengthgen_utils.book.{name}")
         literals = re.findall(r"#[0-9a-fA-F]{6}\b", inspect.getsource(module))
         assert not [c for c in literals if _is_red(c)], f"a red literal in {module.__name__}: red is LearnedAPE.color's"

@@ -122,3 +122,91 @@ def test_lag_agreement_finds_the_offset_a_model_reads_from():
     assert (other < 0.2).all()  # the task's own offset: chance-level agreement (repeated tokens aside)
     with pytest.raises(ValueError, match="no scored position"):
         lag_agreement(model, DelayedCopy(16, 1), 8, lag=3, min_position=8)
+
+
+# ---------------------------------------------------------------- chapter 8's contrasts
+def test_a_rotation_transition_is_orthogonal_with_unit_eigenvalues():
+    from lengthgen_utils.core.models import rotation_transition
+
+    theta = torch.tensor([[0.3, 2.0], [1.0, 0.0]], dtype=torch.float64)
+    A = rotation_transition(theta)
+    assert A.shape == (2, 4, 4)
+    torch.testing.assert_close(A @ A.transpose(1, 2), torch.eye(4, dtype=torch.float64).expand(2, 4, 4))
+    torch.testing.assert_close(torch.linalg.eigvals(A).abs(), torch.ones(2, 4, dtype=torch.float64))
+    torch.testing.assert_close(A[0, 2:, 2:], torch.tensor([[2.0, -2.0], [2.0, 2.0]]).cos() * torch.eye(2) +
+                               torch.tensor([[0.0, -1.0], [1.0, 0.0]]) * torch.tensor(2.0).sin(), check_dtype=False)
+    assert A[0, :2, 2:].abs().max() == 0  # block-diagonal
+    with pytest.raises(TypeError, match="theta must be a float tensor"):
+        rotation_transition(torch.zeros(3))
+
+
+def test_a_rotation_rnn_keeps_b_and_c_of_the_free_model_and_cannot_decay():
+    free = LinearRNN(16, d_state=8, n_models=2, seeds=[5, 6])
+    rot = LinearRNN(16, d_state=8, n_models=2, seeds=[5, 6], transition="rotation")
+    assert [n for n, _ in rot.named_parameters()] == ["B", "C", "theta"]
+    torch.testing.assert_close(rot.B, free.B)
+    torch.testing.assert_close(rot.C, free.C)
+    torch.testing.assert_close(rot.spectral_radius(), torch.ones(2, dtype=torch.float64))
+    norms = rot.kernel_norm(200)
+    assert (norms[:, 100:].max(1).values > 0.5 * norms[:, :100].max(1).values).all()  # no decay
+    logits, _ = rot(torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1)))
+    logits.sum().backward()
+    assert rot.theta.grad is not None and rot.theta.grad.abs().sum() > 0  # the angles train
+    copy = rot.subset([1])
+    torch.testing.assert_close(copy.A[0], rot.A[1].detach())
+    assert copy.config.transition == "rotation"
+    with pytest.raises(ValueError, match="transition must be one of"):
+        LinearRNN(16, transition="unitary")
+    with pytest.raises(ValueError, match="d_state must be even"):
+        LinearRNN(16, d_state=7, transition="rotation")
+    with pytest.raises(ValueError, match="transition must be one of"):
+        RecurrentExperiment(transition="unitary")
+
+
+def test_training_over_several_lengths_draws_only_lengths_the_task_accepts(monkeypatch):
+    from lengthgen_utils.core.models import Transformer
+    from lengthgen_utils.run.configs import TransformerExperiment
+    from lengthgen_utils.run import training
+
+    assert Copy(16).valid_lengths(17, 33) == list(range(17, 34, 2))
+    assert DelayedCopy(16, 5).valid_lengths(6, 8) == [6, 7, 8]
+    with pytest.raises(ValueError, match="no length"):
+        Copy(16).valid_lengths(18, 18)
+    seen = []
+    sample = Copy.sample
+
+    def record(self, batch_size, seq_len, *args, **kwargs):
+        seen.append(seq_len)
+        return sample(self, batch_size, seq_len, *args, **kwargs)
+
+    monkeypatch.setattr(Copy, "sample", record)
+    model = Transformer(17, 1, 2, 16, max_len=33)
+    training.train_sequence(model, Copy(16), steps=30, batch_size=4, train_len=33, min_train_len=17, device="cpu")
+    assert set(seen) <= set(range(17, 34, 2)) and len(set(seen)) >= 4, seen
+    seen.clear()
+    training.train_sequence(model, Copy(16), steps=3, batch_size=4, train_len=33, device="cpu")
+    assert seen == [33, 33, 33]  # without min_train_len: the one length, as in chapter 7
+    with pytest.raises(ValueError, match="min_train_len"):
+        TransformerExperiment(task=Copy(16), train_len=33, min_train_len=40, eval_lengths=(33,))
+    with pytest.raises(ValueError, match="min_train_len"):
+        training.train_sequence(model, Copy(16), steps=1, train_len=33, min_train_len=1, device="cpu")
+
+
+def test_chapter_8_reads_kernels_in_the_row_layout_and_splits_fit_from_hold():
+    from lengthgen_utils.book import ch08
+
+    model = LinearRNN(4, d_state=3, init_scale=0.5, n_models=2).double()
+    by_distance = torch.stack([model.kernel(6)[:, d].flatten(1).norm(dim=1) for d in range(6)], 1)  # column d
+    far = by_distance[:, 3:].max(1).values / by_distance[:, 1]  # distances 3..5 against d = 1
+    torch.testing.assert_close(ch08.far_weight(model, 1, 3, 6), far)
+    with pytest.raises(ValueError, match="target"):
+        ch08.far_weight(model, 3, 3, 6)
+    acc = torch.tensor([[1.0, 0.9, 0.5], [0.9, 0.95, 0.92]])
+    fitted, lowest, drop = ch08.fit_and_hold(acc)
+    assert fitted.tolist() == [True, False]
+    torch.testing.assert_close(lowest, torch.tensor([0.5, 0.9]))
+    torch.testing.assert_close(drop, torch.tensor([0.5, -0.02]))
+    with pytest.raises(ValueError, match="accuracy must be"):
+        ch08.fit_and_hold(torch.ones(3))
+    table = ch08.halves_table({33: torch.tensor([0.9, 1.0]), 17: torch.tensor([1.0, 1.0])}, range(8, 13), "c")
+    assert [row[:3] for row in table.cells] == [["17", "8", "yes"], ["33", "16", "no"]]

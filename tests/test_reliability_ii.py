@@ -557,7 +557,7 @@ ONE_VALUE = {
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
-             "probes.copy_head_placement"},  # one experiment / the check itself: one task
+             "probes.copy_head_placement", "ch08.copy_by_length"},  # one experiment / the check itself: one task
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "fast.FastTransformer.forward",
                "fast.FastTransformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
                "tasks.batch_targets", "tasks.query_targets",

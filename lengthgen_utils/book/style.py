@@ -44,6 +44,8 @@ MODEL_COLORS = {
     "well-conditioned: min-norm c*": "#bd9e39",
     # chapter 8
     "linear recurrent model": "#006d2c",
+    "free transition (n = 128)": "#74c476",
+    "rotation transition (n = 128)": "#e6550d",
 }
 """The colour of every model the chapters name that is not an encoding alone, the same in every chapter.
 

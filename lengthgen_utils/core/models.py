@@ -468,6 +468,48 @@ class KernelHead(Ensemble):
 
 
 # ---------------------------------------------------------------- a linear recurrent model (chapter 8)
+TRANSITIONS = ("free", "rotation")
+"""How :class:`LinearRNN` parameterises its transition ``A``: every entry trained, or trained rotations."""
+
+
+def check_transition(transition, d_state: int) -> str:
+    """Return ``transition`` if it is one of :data:`TRANSITIONS` and fits ``d_state``.
+
+    Raises:
+        TypeError: ``transition`` is not a str.
+        ValueError: an unknown name, or ``"rotation"`` with an odd ``d_state`` (rotations act on pairs).
+    """
+    if not isinstance(transition, str):
+        raise TypeError(f"transition must be one of {TRANSITIONS} (a str); got {type(transition).__name__} "
+                        f"{transition!r}")
+    if transition not in TRANSITIONS:
+        raise ValueError(f"transition must be one of {TRANSITIONS}; got {transition!r}")
+    if transition == "rotation" and d_state % 2:
+        raise ValueError(f"d_state must be even with transition='rotation' (2 x 2 rotations); got d_state={d_state}")
+    return transition
+
+
+def rotation_transition(theta: Tensor) -> Tensor:
+    """The block-diagonal rotation with angles ``theta``: ``[M, P]`` (rad per step) -> ``A [M, 2P, 2P]``.
+
+    Block ``p`` is ``[[cos theta_p, -sin theta_p], [sin theta_p, cos theta_p]]``, so ``A`` is orthogonal,
+    every ``|eigenvalue|`` is 1 (``exp(+-i theta_p)``) and ``A^d`` rotates pair ``p`` by ``d theta_p``:
+    the recurrent kernel ``C A^d B`` is a sum of undamped cosines in ``d``, like a rotary linear head's
+    kernel over relative positions (chapter 6), with trained frequencies. Differentiable in ``theta``.
+
+    Raises:
+        TypeError: ``theta`` is not a floating tensor ``[M, P]``.
+    """
+    if not isinstance(theta, Tensor) or theta.dim() != 2 or not theta.is_floating_point():
+        raise TypeError(f"theta must be a float tensor [M, P]; got {getattr(theta, 'dtype', type(theta).__name__)} "
+                        f"{tuple(getattr(theta, 'shape', ()))}")
+    c, s = theta.cos(), theta.sin()
+    blocks = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # [M, P, 2, 2]
+    n_pairs = theta.shape[1]
+    eye = torch.eye(n_pairs, dtype=theta.dtype, device=theta.device)
+    return torch.einsum("mpij,pq->mpiqj", blocks, eye).reshape(theta.shape[0], 2 * n_pairs, 2 * n_pairs)
+
+
 @dataclass(frozen=True)
 class LinearRNNConfig:
     """Hyper-parameters of :class:`LinearRNN` (hashable).
@@ -477,17 +519,24 @@ class LinearRNNConfig:
         d_state: state size n.
         init_scale: std of ``A``'s entries times ``sqrt(n)`` at initialisation (its spectral radius is
             about ``init_scale``); small, as in the implicit-bias results on linear recurrent networks.
+            Used by the ``"free"`` transition only.
+        transition: how ``A`` is parameterised, one of :data:`TRANSITIONS`: ``"free"`` (every entry
+            trained: training can make ``A`` stable, and the kernel decays) or ``"rotation"`` (``A`` is
+            block-diagonal with trained 2 x 2 rotations, so every ``|eigenvalue|`` is 1 and the kernel
+            cannot decay; ``d_state`` must be even). Chapter 8's contrast.
     """
 
     vocab_size: int = 16
     d_state: int = 32
     init_scale: float = 0.1
+    transition: str = "free"
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_state", self.d_state, minimum=1)
         check_positive_float("init_scale", self.init_scale, allow_zero=True)
+        check_transition(self.transition, self.d_state)
 
 
 class LinearRNN(Ensemble):
@@ -503,11 +552,13 @@ class LinearRNN(Ensemble):
     position signal enters: order comes only from the recurrence, so :attr:`encoding` is NoPE.
 
     Args:
-        vocab_size, d_state, init_scale: see :class:`LinearRNNConfig`.
+        vocab_size, d_state, init_scale, transition: see :class:`LinearRNNConfig`.
         n_models: ensemble size M; ``seeds``: one initialisation seed per model (default ``0 .. M-1``).
 
     Parameters: ``A [M, n, n]`` (``N(0, init_scale^2 / n)``), ``B [M, n, V+1]`` and ``C [M, V, n]``
-    (``N(0, 1/n)``).
+    (``N(0, 1/n)``). With ``transition="rotation"`` the parameter ``theta [M, n/2]`` (``U(0, pi)``)
+    replaces ``A``, and :attr:`A` is :func:`rotation_transition` of it; ``B`` and ``C`` start as the
+    free model of the same seed does.
 
     Shapes:
         ``forward(tokens [B, L] or [M, B, L])`` -> ``(logits [M, B, V], kernel norms [M, L])``, the norms
@@ -522,15 +573,30 @@ class LinearRNN(Ensemble):
     """
 
     def __init__(self, vocab_size: int = 16, d_state: int = 32, init_scale: float = 0.1, n_models: int = 1,
-                 seeds=None):
+                 seeds=None, transition: str = "free"):
         super().__init__()
-        self.config = cfg = LinearRNNConfig(vocab_size, d_state, init_scale)
+        self.config = cfg = LinearRNNConfig(vocab_size, d_state, init_scale, transition)
         self.seeds = _seeds(seeds, n_models)
         gens = [generator(s) for s in self.seeds]
         n = cfg.d_state
-        self.A = _normal(gens, n, n, std=cfg.init_scale / math.sqrt(n))
+        free_a = _normal(gens, n, n, std=cfg.init_scale / math.sqrt(n))  # drawn in both: the same B and C
+        if cfg.transition == "free":
+            self.A = free_a
         self.B = _normal(gens, n, vocab_size + 1, std=1 / math.sqrt(n))
         self.C = _normal(gens, vocab_size, n, std=1 / math.sqrt(n))
+        if cfg.transition == "rotation":
+            self.theta = nn.Parameter(torch.stack([torch.rand(n // 2, generator=g) * math.pi for g in gens]))
+
+    @property
+    def A(self) -> Tensor:
+        """The transition ``A [M, n, n]``: the parameter itself (``transition="free"``), or the rotation
+        :func:`rotation_transition` builds from ``theta`` (``"rotation"``; differentiable, rebuilt per call)."""
+        params = self._parameters
+        if "A" in params:
+            return params["A"]
+        if "theta" in params:
+            return rotation_transition(params["theta"])
+        raise AttributeError("A")  # during construction, before the parameters exist
 
     @property
     def encoding(self) -> Encoding:
@@ -594,7 +660,8 @@ class LinearRNN(Ensemble):
 
     def _fresh(self, seeds: list[int]) -> "LinearRNN":
         cfg = self.config
-        return LinearRNN(cfg.vocab_size, cfg.d_state, cfg.init_scale, n_models=len(seeds), seeds=seeds)
+        return LinearRNN(cfg.vocab_size, cfg.d_state, cfg.init_scale, n_models=len(seeds), seeds=seeds,
+                         transition=cfg.transition)
 
 
 # ---------------------------------------------------------------- the multi-layer transformer (chapters 7-9)

@@ -89,6 +89,26 @@ class Task:
                              f"scored; got seq_len={seq_len}")
         return seq_len
 
+    def valid_lengths(self, shortest: int, longest: int) -> list[int]:
+        """Every length in ``[shortest, longest]`` the task accepts (:meth:`check_seq_len`), increasing:
+        the lengths a training over several lengths draws from (for :class:`Copy`, the odd ones).
+
+        Raises:
+            TypeError / ValueError: ``shortest`` not an int in ``[min_seq_len, longest]``, or a range that
+                holds no length the task accepts.
+        """
+        longest = check_int("longest", longest, minimum=self.min_seq_len)
+        shortest = check_int("shortest", shortest, minimum=self.min_seq_len, maximum=longest)
+        lengths = []
+        for seq_len in range(shortest, longest + 1):
+            try:
+                lengths.append(self.check_seq_len(seq_len))
+            except ValueError:
+                continue
+        if not lengths:
+            raise ValueError(f"no length in [{shortest}, {longest}] is valid for {self!r}")
+        return lengths
+
     def scored_positions(self, seq_len: int) -> Tensor:
         """Boolean ``[L]``: True where the task defines a target."""
         seq_len = self.check_seq_len(seq_len)

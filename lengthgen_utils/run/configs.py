@@ -18,6 +18,7 @@ from .._validate import (check_fits, check_float_sequence, check_int, check_int_
                          normalize_numbers, normalize_sequence)
 from ..core.attention import check_attention
 from ..core.encodings import Encoding, RoPE, get_encoding
+from ..core.models import check_transition
 from ..core.tasks import QUERY_TASKS, DelayedCopy, Task, query_task
 from .profiles import Profile
 
@@ -309,11 +310,15 @@ class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
         d_state: the recurrent state size.
         init_scale: the initial spectral scale of the transition matrix (see
             :class:`~lengthgen_utils.core.models.LinearRNNConfig`).
+        transition: ``"free"`` (every entry of the transition trained) or ``"rotation"`` (trained
+            rotations, every ``|eigenvalue|`` 1: a kernel that cannot decay), as in
+            :class:`~lengthgen_utils.core.models.LinearRNNConfig`.
     """
 
     offsets: tuple[int, ...] = (1, 3, 5)
     d_state: int = 32
     init_scale: float = 0.1
+    transition: str = "free"
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
@@ -323,6 +328,7 @@ class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
         self._check_settings(max(offsets))
         check_int("d_state", self.d_state, minimum=1)
         check_positive_float("init_scale", self.init_scale, allow_zero=True)
+        check_transition(self.transition, self.d_state)
 
     @classmethod
     def from_profile(cls, profile: Profile, **overrides) -> "RecurrentExperiment":
@@ -366,8 +372,12 @@ class TransformerExperiment(TrainingSettings):
     Fields:
         pe: the position encoding (an Encoding, or a registered name).
         task: the task object (e.g. ``DelayedCopy(16, 5)``); the model's vocabulary is ``task.n_tokens``.
-        train_len: training sequence length; eval_lengths: evaluation lengths (a list is accepted).
+        train_len: training sequence length (the longest, with ``min_train_len``); eval_lengths:
+            evaluation lengths (a list is accepted).
         n_layers, n_heads, d_model: model sizes.
+        min_train_len: ``None`` (train at ``train_len`` only) or the shortest training length: each step
+            draws one of the task's valid lengths in ``[min_train_len, train_len]``
+            (:func:`~lengthgen_utils.run.training.train_sequence`; chapter 8).
     """
 
     steps: int = 1500
@@ -381,6 +391,7 @@ class TransformerExperiment(TrainingSettings):
     n_layers: int = 2
     n_heads: int = 4
     d_model: int = 128
+    min_train_len: int | None = None
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
@@ -393,6 +404,9 @@ class TransformerExperiment(TrainingSettings):
             raise ValueError(f"d_model must be divisible by n_heads; got d_model={self.d_model}, n_heads={self.n_heads}")
         self.pe.check(self.d_model // self.n_heads, self.n_heads)
         check_fits("train_len", self.train_len, self.task.check_seq_len)
+        if self.min_train_len is not None:
+            check_int("min_train_len", self.min_train_len, minimum=self.task.min_seq_len, maximum=self.train_len)
+            self.task.valid_lengths(self.min_train_len, self.train_len)  # raises if none is valid
         for i, seq_len in enumerate(normalize_sequence(self, "eval_lengths", minimum=1)):
             check_fits(f"eval_lengths[{i}]", seq_len, self.task.check_seq_len)
 

@@ -362,7 +362,8 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
 
 # ---------------------------------------------------------------- a linear recurrent model (chapter 8)
 def _linear_rnn(exp: RecurrentExperiment) -> LinearRNN:
-    return LinearRNN(exp.vocab_size, exp.d_state, exp.init_scale, n_models=exp.n_models, seeds=exp.seeds)
+    return LinearRNN(exp.vocab_size, exp.d_state, exp.init_scale, n_models=exp.n_models, seeds=exp.seeds,
+                     transition=exp.transition)
 
 
 def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> Runs:
@@ -415,7 +416,7 @@ def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Runs
         model = build_transformer(exp)
         history = train_sequence(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
                                  weight_decay=exp.weight_decay, train_len=exp.train_len, seed=exp.data_seed,
-                                 device=device)
+                                 device=device, min_train_len=exp.min_train_len)
         measured = [token_accuracy_by_position(model, exp.task, L, n_samples=exp.eval_samples)
                     for L in exp.eval_lengths]
         return {"state_dict": dict(model.state_dict()), "loss_history": history,

@@ -391,17 +391,19 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
                    weight_decay: float = 0.05, train_len: int = 32, seed: int = 0, device=None,
-                   progress: bool | None = None, num_threads: int | None = None) -> Tensor:
+                   progress: bool | None = None, num_threads: int | None = None,
+                   min_train_len: int | None = None) -> Tensor:
     """Train a transformer ensemble on a full-sequence task with AdamW.
 
     The book trains :class:`~lengthgen_utils.core.fast.FastTransformer` (what
     :func:`~lengthgen_utils.run.runners.build_transformer` builds); the readable
     :class:`~lengthgen_utils.core.models.Transformer` trains the same way, to the same losses up to rounding.
 
-    Every batch has length ``train_len`` and is placed at the positions the model's encoding draws
-    (``train_positions``: ``0 .. train_len-1`` unless the encoding randomises them, as in
-    :func:`train`); the loss is the sum over models of each model's mean cross-entropy over defined
-    positions (models stay independent).
+    Every batch has length ``train_len`` (or, with ``min_train_len``, one length per step drawn uniformly
+    from the lengths in ``[min_train_len, train_len]`` the task accepts, the whole batch sharing it) and is
+    placed at the positions the model's encoding draws (``train_positions``: ``0 .. L-1`` unless the
+    encoding randomises them, as in :func:`train`); the loss is the sum over models of each model's mean
+    cross-entropy over defined positions (models stay independent).
 
     Args:
         model: a ``FastTransformer`` or ``Transformer`` (any ``n_models``).
@@ -413,6 +415,10 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
         progress: progress bar; ``None`` shows one for runs of 1000+ steps.
         num_threads: intra-op CPU threads while training on the CPU; default
             :func:`default_cpu_threads` of the model (2 for the transformer, see :data:`CPU_THREADS`).
+        min_train_len: ``None`` (every batch at ``train_len``, the stream of chapter 7) or the shortest
+            training length: each step then draws its length from the task's valid lengths in
+            ``[min_train_len, train_len]`` (for :class:`~lengthgen_utils.core.tasks.Copy`, the odd ones:
+            halves ``n`` from ``(min_train_len - 1) // 2`` up), as chapter 8's copy over several lengths does.
 
     Returns:
         loss history ``[steps, M]`` on CPU.
@@ -432,16 +438,19 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
         raise ValueError(f"task input vocabulary {task.n_tokens} differs from model vocab_size={model.config.vocab_size}")
     # every position training can visit, checked once here: the steps run the model with validate=False
     model.check_positions(torch.arange(model.encoding.visited_positions(train_len)))
+    if min_train_len is not None:
+        check_int("min_train_len", min_train_len, minimum=task.min_seq_len, maximum=train_len)
+    lengths = [train_len] if min_train_len is None else task.valid_lengths(min_train_len, train_len)
     device = check_device(device)
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
     with cpu_threads(threads), unchanged_on_failure(model):
-        return _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
+        return _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, lengths, seed, device,
                                     progress)
 
 
-def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train_len, seed, device,
+def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, lengths, seed, device,
                          progress) -> Tensor:
-    """The loop of :func:`train_sequence`, on validated arguments."""
+    """The loop of :func:`train_sequence`, on validated arguments (``lengths``: the lengths to draw from)."""
     model.to(device)
     model.train()
     gen = generator(seed)
@@ -449,8 +458,10 @@ def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, train
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
 
     def batch_loss():
-        positions = model.encoding.train_positions(train_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
-        tokens, targets = task._draw(batch_size, train_len, gen, device)  # the length was checked before the loop
+        # one length: no draw, so chapter 7's stream is what it was before lengths could vary
+        seq_len = lengths[0] if len(lengths) == 1 else lengths[int(torch.randint(len(lengths), (1,), generator=gen))]
+        positions = model.encoding.train_positions(seq_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
+        tokens, targets = task._draw(batch_size, seq_len, gen, device)  # the lengths were checked before the loop
         return sequence_cross_entropy(model(tokens, validate=False, positions=positions), targets)
 
     history = _run_steps(model, opt, batch_loss, steps, device,

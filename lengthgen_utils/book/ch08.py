@@ -1,0 +1,105 @@
+"""Chapter 8, implicit bias: what separates a recurrent model that extrapolates from one that cannot, and the
+RASP-L contrast read off the transformer's runs.
+
+The recurrent models' kernel norms are read in the book's row layout
+(:meth:`~lengthgen_utils.core.models.LinearRNN.kernel_norm`: the last column is the query's own position).
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from .._validate import check_int
+from ..run.evaluation import split_accuracy, token_accuracy_by_position
+
+
+def far_weight(model, target: int, window: int, seq_len: int) -> Tensor:
+    """The largest kernel norm beyond the training window, relative to the target's: per model ``[M]``.
+
+    ``max_{window <= d < seq_len} ||K(d)|| / ||K(target)||``: below 1% the model ignores every token
+    it never saw at training distances; near 1 a far token counts as much as the target (chapter 8).
+
+    Args:
+        model: a ``LinearRNN`` ensemble.
+        target: the distance of the target (the task's offset ``k``), ``0 <= target < window``.
+        window: the training window (the longest training length, ``L_train``), ``< seq_len``.
+        seq_len: how far to look (``d < seq_len``).
+
+    Raises:
+        TypeError / ValueError: a size out of range (``target`` outside the window, ``seq_len <= window``).
+    """
+    window = check_int("window", window, minimum=1)
+    target = check_int("target", target, minimum=0, maximum=window - 1)
+    seq_len = check_int("seq_len", seq_len, minimum=window + 1)
+    norms = model.kernel_norm(seq_len)  # [M, seq_len] row layout: the last column is D = 0
+    return norms[:, : seq_len - window].max(1).values / norms[:, -1 - target]
+
+
+def fit_and_hold(accuracy: Tensor, fit: float = 0.95) -> tuple[Tensor, Tensor, Tensor]:
+    """Which seeds fit the training length, and how far each falls beyond it.
+
+    Args:
+        accuracy: ``[M, n]`` accuracy by evaluation length, the training length first (a ``Runs.accuracy``).
+        fit: the accuracy at the training length that counts as fitted.
+
+    Returns:
+        ``(fitted [M] bool, lowest [M], drop [M])``: ``accuracy[:, 0] >= fit``; each seed's lowest accuracy
+        over every length; ``accuracy[:, 0] - accuracy[:, -1]`` (training length minus the longest).
+
+    Raises:
+        ValueError: ``accuracy`` is not ``[M, n]`` with ``n >= 2``.
+    """
+    if not isinstance(accuracy, Tensor) or accuracy.dim() != 2 or accuracy.shape[1] < 2 or not accuracy.numel():
+        raise ValueError(f"accuracy must be [M, n >= 2] (the training length first); got "
+                         f"{tuple(getattr(accuracy, 'shape', ()))}")
+    return accuracy[:, 0] >= fit, accuracy.min(1).values, accuracy[:, 0] - accuracy[:, -1]
+
+
+def beyond(runs) -> dict[int, Tensor]:
+    """A transformer run's token accuracy beyond its training length: ``{L: [M]}`` for every evaluation
+    length ``L`` longer than the training length (positions ``>= train_len``), in increasing order."""
+    train_len = runs.experiment.train_len
+    return {L: v for L, v in sorted(runs.outside.items()) if L > train_len}
+
+
+def copy_by_length(model, task, lengths, n_samples: int = 64) -> dict[int, Tensor]:
+    """Token accuracy over every scored position at each length: ``{L: [M]}`` (chapter 8's copy per half).
+
+    Args:
+        model: a transformer ensemble (a ``Runs.model`` of :func:`~lengthgen_utils.run.runners.run_transformer`).
+        task: the task to read it on (e.g. ``Copy(16)``: at ``L = 2n + 1`` every scored position copies
+            from ``n`` back).
+        lengths: the lengths, each valid for ``task``.
+        n_samples: fresh sequences per length (the evaluation's fixed seed).
+
+    Raises:
+        TypeError / ValueError: a length the task refuses, ``n_samples < 1``.
+    """
+    out = {}
+    for seq_len in lengths:
+        acc, counts = token_accuracy_by_position(model, task, seq_len, n_samples=n_samples)
+        out[int(seq_len)] = split_accuracy(acc, counts, seq_len + 1)[0]  # every position: "inside" L + 1
+    return out
+
+
+def halves_table(by_length: dict, train_halves, caption: str):
+    """Copying the first half, trained over several halves: token accuracy by evaluation length.
+
+    Args:
+        by_length: ``{L: accuracy [M]}`` with ``L = 2n + 1`` (the half ``n`` is ``(L - 1) // 2``).
+        train_halves: the halves ``n`` training drew from.
+        caption: the table's caption.
+
+    Returns:
+        a :class:`~lengthgen_utils.book.tables.Table`: one row per length (half, trained or not, mean,
+        lowest seed).
+    """
+    from .tables import Table
+
+    train_halves = set(train_halves)
+    rows = []
+    for L, acc in sorted(by_length.items()):
+        n = (L - 1) // 2
+        rows.append([L, n, "yes" if n in train_halves else "no", f"{float(acc.mean()):.3f}",
+                     f"{float(acc.min()):.3f}"])
+    return Table(["L", "half n", "trained", "mean", "lowest seed"], rows, caption=caption)
+
