@@ -45,7 +45,7 @@ MODEL_COLORS = {
     # chapter 8
     "linear recurrent model": "#006d2c",
     "free transition (n = 128)": "#74c476",
-    "rotation transition (n = 128)": "#e6550d",
+    "rotation transition (n = 128)": "#393b79",
 }
 """The colour of every model the chapters name that is not an encoding alone, the same in every chapter.
 
