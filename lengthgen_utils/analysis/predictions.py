@@ -33,6 +33,7 @@ repository and committed; chapters 1, 4 and 7 read that file, then train, then s
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -164,14 +165,20 @@ def load_prediction(setting: str, base: float, d_head: int, offset: int, train_l
         FileNotFoundError: the file is missing (write it with ``python -m lengthgen_utils predict``).
         KeyError: the file has no row for these settings (the message lists the settings it has).
     """
-    rows = json.loads(Path(path).read_text())["predictions"]
+    rows = _committed_rows(str(path))
     for row in rows:
         if (row["setting"], row["base"], row["d_head"], row["offset"], row["train_len"]) == (
                 setting, float(base), d_head, offset, train_len):
-            return row
+            return dict(row)  # a copy: the parsed rows are shared
     have = sorted({(r["setting"], r["base"], r["d_head"], r["train_len"]) for r in rows})
     raise KeyError(f"no committed prediction for setting={setting!r}, base={base}, d_head={d_head}, "
                    f"offset={offset}, train_len={train_len}; the file has {have}")
+
+
+@functools.lru_cache(maxsize=4)
+def _committed_rows(path: str) -> tuple:
+    """The rows of a committed predictions file, parsed once per process (a chapter reads one row per head)."""
+    return tuple(json.loads(Path(path).read_text())["predictions"])
 
 
 def score_lags(measured: list, candidates: list, max_lag: int, n_null: int = 2000, seed: int = 0) -> dict:
