@@ -31,7 +31,7 @@ from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, t
 from lengthgen_utils.analysis import kernel, probes, theory
 from lengthgen_utils.book import ch03, ch04, ch05, figures, sliders
 from lengthgen_utils.core.fast import FastTransformer
-from lengthgen_utils.core.models import KernelHead, RetrievalHead, Transformer
+from lengthgen_utils.core.models import ContentRetrievalHead, KernelHead, RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import LearnedAPE
 from lengthgen_utils.book import widgets as widgets_module
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
@@ -241,7 +241,8 @@ NO_FLOAT_INPUT = {"attention.check_qkv", "attention.check_attention", "attention
                   "kernel.relative_positions", "theory.log_length_scale", "theory.trained_relative_positions",
                   "theory.min_norm_interpolant", "theory.squared_loss_quadratic", "theory.frequency_orbits",
                   "theory.pair_recurrences", "kernel.shuffled_phases", "kernel.CarrierMeasures.as_dict",
-                  "kernel.CarrierMeasures.select", "kernel.CarrierSpectrum.select"}
+                  "kernel.CarrierMeasures.select", "kernel.CarrierSpectrum.select",
+                  "theory.balanced_agreement"}  # booleans in, a rate out
 # differences of two nearly equal computations: their error is measured against the logits' scale
 LOGIT_SCALE = {"probes.shift_logit_difference", "probes.shared_offset_difference"}
 
@@ -345,6 +346,7 @@ CONFIG_EXAMPLES = {
     "configs.SnapshotSweep": lambda: configs.SnapshotSweep(configs.RetrievalSweep(pes=("rope",), steps=10),
                                                            (5, 10), (16, 32)),
     "configs.RecurrentExperiment": lambda: configs.RecurrentExperiment(),
+    "configs.RegimeMap": lambda: configs.RegimeMap(),
     "models.RetrievalHeadConfig": lambda: models.RetrievalHeadConfig(),
     "models.LinearRNNConfig": lambda: models.LinearRNNConfig(),
     "encodings.RotaryFrequencies": lambda: encodings.RotaryFrequencies(),
@@ -502,6 +504,11 @@ PER_MODEL = [
     ("tasks.as_task_list", "task", lambda v: tasks.as_task_list(v, M), [TASK] * M),
     ("models.RetrievalHead", "seeds", lambda v: RetrievalHead(n_models=M, seeds=v), [4, 5, 6]),
     ("models.KernelHead", "seeds", lambda v: KernelHead(n_models=M, seeds=v), [4, 5, 6]),
+    ("models.ContentRetrievalHead", "seeds", lambda v: ContentRetrievalHead(n_models=M, seeds=v), [4, 5, 6]),
+    ("models.ContentRetrievalHead.forward", "tokens",
+     lambda v: ContentRetrievalHead(n_models=M)(torch.as_tensor(v)[:, None, None].expand(-1, 2, 8)), [0, 1, 2]),
+    ("evaluation.attention_vote", "task",
+     lambda v: evaluation.attention_vote(_head(), v, [8], n_samples=4), [FixedOffsetRetrieval(16, k) for k in (1, 2, 3)]),
     ("models.Transformer", "seeds", lambda v: Transformer(16, 1, 2, 16, n_models=M, seeds=v), [4, 5, 6]),
     ("fast.FastTransformer", "seeds", lambda v: FastTransformer(16, 1, 2, 16, n_models=M, seeds=v), [4, 5, 6]),
     ("models.readout", "weights",
@@ -571,7 +578,8 @@ ONE_VALUE = {
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
              "ch09.shift_violation", "bench.tf_batches", "seeding.effective_seed",
              "seeding.generator",  # the benchmark's batches, a generator: one stream for every model
-             "predictions.score_lags", "ch04.prior_report", "ch01.committed_failures"},  # a null's seed
+             "predictions.score_lags", "ch04.prior_report", "ch01.committed_failures",
+             "evaluation.attention_vote"},  # a null's seed; the vote's sequences, shared by every head
     "labels": {"ch04.alias_vs_failure", "ch05.dilution_slider", "ch05.accuracy_heatmap", "ch05.r2_vs_reach",
                "ch04.censored_scatter", "ch05.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"ch05.dilution_panel",

@@ -446,6 +446,35 @@ def separation_auc(trained, null) -> float:
     return float(((below + not_above) / 2).sum() / (x.numel() * y.numel()))
 
 
+def balanced_agreement(predicted, actual) -> float:
+    """How well a yes/no rule predicts a yes/no outcome, each outcome weighted equally.
+
+    The mean of the rule's hit rate on the ``actual`` positives and on the negatives (balanced
+    accuracy): 0.5 for a constant rule or one unrelated to the outcome, 1 for a perfect one. Used where
+    most (head, length) pairs hold, so that "always holds" cannot score well by plain agreement.
+
+    Args:
+        predicted, actual: boolean arrays of the same shape (any), e.g. ``p > 1/2`` and
+            ``accuracy >= 0.9`` per (head, length).
+
+    Returns:
+        a float in [0, 1]; NaN when ``actual`` has only one outcome (no balance to measure).
+
+    Raises:
+        ValueError: shapes differ or the arrays are empty.
+
+    Source: chapter 5b, "What predicts accuracy".
+    """
+    p = torch.as_tensor(predicted).bool().flatten()
+    a = torch.as_tensor(actual).bool().flatten()
+    if p.shape != a.shape or p.numel() == 0:
+        raise ValueError(f"predicted and actual must be non-empty and of one shape; got {tuple(torch.as_tensor(predicted).shape)} "
+                         f"and {tuple(torch.as_tensor(actual).shape)}")
+    if a.all() or not a.any():
+        return float("nan")
+    return float(((p & a).sum() / a.sum() + (~p & ~a).sum() / (~a).sum()) / 2)
+
+
 def r_squared(y: Tensor, prediction: Tensor) -> Tensor:
     """Coefficient of determination of a prediction made without fitting: ``1 - SS_res / SS_tot`` per row.
 

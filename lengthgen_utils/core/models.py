@@ -384,6 +384,119 @@ class RetrievalHead(EnsembleModel):
         return copy.eval() if not self.training else copy
 
 
+class ContentRetrievalHead(RetrievalHead):
+    """The ordinary single head: queries and keys see the token as well as the position (the regime map).
+
+    :class:`RetrievalHead` gives queries and keys a learned constant input, so every key of a length gets
+    the same logit wherever its token is: its distractors are positions, never tokens. Here the input
+    of position ``t`` is ``u + E[x_t] + e_t`` in the query and key paths too::
+
+        x_t = u + E[x_t] + e_t,   q = Rot_{L-1}(W_Q x_{L-1}),   k_j = Rot_j(W_K x_j)
+        s_j = q . k_j / sqrt(d_head) + bias(L-1, j),   a = softmax(s),   logits = W_O sum_j a_j W_V E[x_j]
+
+    so the logit of key ``j`` depends on its token: a distractor whose token the query favours
+    competes with the target, the comparable distractors a dilution law is about. The value path is
+    :class:`RetrievalHead`'s (its ``value_table``), and the parameters are the same, so a
+    :class:`RetrievalHead`'s weights load into this head and back. With RoPE every logit still
+    depends on the positions only through the offset ``j - (L-1)`` (chapter 2's argument, per token).
+
+    Args:
+        as :class:`RetrievalHead`; ``attention`` must be ``"softmax"`` (a per-sequence row of another
+        normaliser is not part of the book).
+
+    Shapes:
+        ``forward(tokens [B, L] or [M, B, L])`` returns ``logits [M, B, V]`` and the query's attention
+        weights ``[M, B, L]``, one row per sequence.
+
+    Raises:
+        ValueError / TypeError: as :class:`RetrievalHead`; an ``attention`` other than ``"softmax"``.
+
+    Source: the regime map (chapter 5b, "Distractors that see the token"); the usual single attention head
+    (Vaswani et al. 2017) with the book's readout at the last position.
+    """
+
+    def __init__(self, vocab_size: int = 16, d_model: int = 32, d_head: int = 16, pe="rope",
+                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None):
+        if attention != "softmax":
+            raise ValueError(f"ContentRetrievalHead attends with softmax only; got attention={attention!r}")
+        super().__init__(vocab_size, d_model, d_head, pe, attention, max_len, n_models, seeds)
+
+    def _content_scores(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Attention logits of the query over every key of each sequence: ``[M, B, L]`` (on arguments
+        :meth:`forward` checked).
+
+        Args:
+            tokens: ``[B, L]`` or ``[M, B, L]`` token ids (checked by :meth:`forward`).
+            positions: ``[L]`` integer positions on the CPU.
+        """
+        m, n_tokens, seq_len = self.n_models, self.config.vocab_size + 1, positions.shape[0]
+        toks = tokens.expand(m, *tokens.shape[-2:]) if tokens.dim() == 2 else tokens  # [M, B, L]
+        x = self.u[:, None, :] + self.embed  # [M, V+1, d_model]: each token's input before the position
+        q = torch.einsum("mvd,mhd->mvh", x, self.w_q)[:, :, None, :]  # [M, V+1, 1, d_head]: per query token
+        k = torch.einsum("mvd,mhd->mvh", x, self.w_k)[:, :, None, :]  # [M, V+1, 1, d_head]: per key token
+        added = self.encoding.embed(self.pe_params, positions)  # APE's e_t [M, L, d_model]; linear, so added here
+        if added is not None:
+            q = q + torch.einsum("mld,mhd->mlh", added[:, -1:], self.w_q)[:, None]
+            k = k + torch.einsum("mld,mhd->mlh", added, self.w_k)[:, None]  # [M, V+1, L, d_head]
+        q = self.encoding.rotate(q, positions[-1:])[:, :, 0]  # [M, V+1, d_head]
+        k = self.encoding.rotate(k.expand(m, n_tokens, seq_len, -1), positions)  # [M, V+1, L, d_head]
+        # every (query token, key position, key token) logit: [M, V+1, L, V+1], small next to [M, B, L, d_head]
+        table = torch.einsum("muh,mvlh->mulv", q, k) / math.sqrt(self.config.d_head)
+        where = (toks[..., -1:] * seq_len + torch.arange(seq_len, device=toks.device)) * n_tokens + toks
+        s = table.reshape(m, -1).gather(1, where.reshape(m, -1)).reshape(toks.shape)  # [M, B, L]
+        bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
+        return s if bias is None else s + bias.reshape(-1, 1, positions.shape[0]).to(s)
+
+    def forward(self, tokens: Tensor, position_shift: int = 0, validate: bool = True, logit_scale: float = 1.0,
+                positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` (one row per sequence).
+
+        Arguments as :meth:`RetrievalHead.forward`; ``validate=False`` skips the same checks.
+        """
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
+        if validate:
+            positions = _positions(tokens.shape[-1], position_shift, positions)
+            self.check_positions(positions)
+            if logit_scale != 1.0:
+                logit_scale = check_positive_float("logit_scale", logit_scale)
+        elif positions is None:
+            positions = torch.arange(tokens.shape[-1]) + position_shift
+        s = self._content_scores(tokens, positions.cpu().long())
+        attn = (s if logit_scale == 1.0 else logit_scale * s).softmax(-1)
+        if validate and not bool(torch.isfinite(attn).all()):
+            raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")
+        return readout(attn, tokens, self.value_table()), attn
+
+    def _position_only(self, name: str):
+        raise TypeError(f"ContentRetrievalHead.{name}: this head's attention depends on the tokens, so it has no "
+                        "position-only row or kernel; use forward(tokens), which returns one row per sequence")
+
+    def queries_keys(self, positions, encoding=None):
+        """Refused (``TypeError``): keys depend on tokens; see :meth:`forward`."""
+        self._position_only("queries_keys")
+
+    def scores(self, seq_len, position_shift=0, positions=None):
+        """Refused (``TypeError``): logits depend on tokens; see :meth:`forward`."""
+        self._position_only("scores")
+
+    def attention_row(self, seq_len, position_shift=0, logit_scale=1.0, positions=None):
+        """Refused (``TypeError``): one row per sequence; see :meth:`forward`."""
+        self._position_only("attention_row")
+
+    def _fresh(self, seeds: list[int]) -> "ContentRetrievalHead":
+        cfg = self.config
+        return ContentRetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
+                                    n_models=len(seeds), seeds=seeds)
+
+    def with_attention(self, attention: str):
+        """Refused: this head attends with softmax only.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError(f"ContentRetrievalHead attends with softmax only; got attention={attention!r}")
+
+
 # ---------------------------------------------------------------- the direct kernel head (chapter 6)
 class KernelHead(Ensemble):
     """A directly parameterised RoPE offset kernel with linear attention and one-hot values (chapter 6).

@@ -271,6 +271,9 @@ class SnapshotSweep:
         length_temperature: train with every logit multiplied by ``log L / log train_len`` at length L
             (a log-length temperature used in training, Chiang & Cholak 2022); the snapshots are evaluated
             with the same scale.
+        content: train the ordinary head whose queries and keys see the token as well as the position
+            (:class:`~lengthgen_utils.core.models.ContentRetrievalHead`, softmax only) instead of the
+            position-only :class:`~lengthgen_utils.core.models.RetrievalHead` (the regime map).
 
     Raises:
         ValueError / TypeError: a sweep of more than one ensemble, a snapshot step outside the run,
@@ -282,6 +285,7 @@ class SnapshotSweep:
     lengths: tuple[int, ...]
     eval_samples: int = 1024
     length_temperature: bool = False
+    content: bool = False
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
@@ -294,6 +298,11 @@ class SnapshotSweep:
         check_int("eval_samples", self.eval_samples, minimum=1)
         if not isinstance(self.length_temperature, bool):
             raise TypeError(f"length_temperature must be a bool; got {self.length_temperature!r}")
+        if not isinstance(self.content, bool):
+            raise TypeError(f"content must be a bool; got {self.content!r}")
+        if self.content and (self.length_temperature or self.sweep.attentions != ("softmax",)):
+            raise ValueError("content heads train with softmax attention and no length temperature; got "
+                             f"attentions={self.sweep.attentions}, length_temperature={self.length_temperature}")
 
 
 @dataclass(frozen=True)
@@ -474,3 +483,77 @@ def margin_sweep(profile: Profile, control: str, offsets=(1, 2, 3, 5)) -> Snapsh
     if control == "temperature":
         return SnapshotSweep(base, (base.steps,), lengths, samples, length_temperature=True)
     raise ValueError(f"control must be one of {MARGIN_CONTROLS}; got {control!r}")
+
+
+@dataclass(frozen=True)
+class RegimeMap:
+    """Chapter 5b's sweep over what sets a RoPE head's rule and its margin: the regime map.
+
+    One cell is one :class:`SnapshotSweep` (one training of ``len(offsets) * n_seeds`` heads with
+    snapshots): every RoPE base of ``bases`` times every AdamW weight decay of ``weight_decays``, for the
+    position-only head, and every base times ``content_weight_decays`` for the head whose queries and
+    keys see the token (``content=True``). The snapshots after ``snapshot_steps`` are the third axis.
+    Every cell uses chapter 1's recipe otherwise (learning rate 1e-2, batch 256, training lengths
+    ``U{7 .. 16}``) and is evaluated on :func:`fine_lengths` to 64x the training length.
+
+    Fields:
+        bases: RoPE bases.
+        weight_decays: AdamW weight decays of the position-only heads (>= 0).
+        content_weight_decays: weight decays of the content heads (may be empty).
+        snapshot_steps: steps after which each training is kept (the last is the length of the run).
+        offsets: task offsets; n_seeds: heads per offset and cell.
+        eval_samples: test sequences per length; n_null: untrained heads per base (the carrier's null).
+
+    Raises:
+        ValueError / TypeError: empty or repeated axes, negative decays, bad sizes.
+    """
+
+    bases: tuple[float, ...] = (10.0, 100.0, 10000.0)
+    weight_decays: tuple[float, ...] = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0)
+    content_weight_decays: tuple[float, ...] = (0.0, 1.0)
+    snapshot_steps: tuple[int, ...] = (250, 500, 1000, 2000)
+    offsets: tuple[int, ...] = (1, 2, 3, 5)
+    n_seeds: int = 5
+    eval_samples: int = 512
+    n_null: int = 2000
+
+    def __post_init__(self):
+        normalize_numbers(self)  # numpy scalars become Python numbers before any check
+        for name in ("bases", "weight_decays", "content_weight_decays"):
+            values = getattr(self, name)
+            values = () if name == "content_weight_decays" and not tuple(values) else check_float_sequence(name, values)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} must be distinct; got {values}")
+            for i, v in enumerate(values):
+                check_positive_float(f"{name}[{i}]", v, allow_zero=name != "bases")
+            object.__setattr__(self, name, tuple(values))
+        steps = normalize_sequence(self, "snapshot_steps", minimum=1)
+        if list(steps) != sorted(set(steps)):
+            raise ValueError(f"snapshot_steps must increase; got {steps}")
+        offsets = normalize_sequence(self, "offsets", minimum=1)
+        if len(set(offsets)) != len(offsets) or max(offsets) > 14:
+            raise ValueError(f"offsets must be distinct and at most 14 (training length 16); got {offsets}")
+        for name in ("n_seeds", "eval_samples", "n_null"):
+            check_int(name, getattr(self, name), minimum=1)
+
+    def cell(self, base: float, weight_decay: float, content: bool = False) -> SnapshotSweep:
+        """The :class:`SnapshotSweep` of one cell: RoPE base ``base``, weight decay ``weight_decay``."""
+        sweep = RetrievalSweep(pes=(RoPE(base=base),), attentions=("softmax",), offsets=self.offsets,
+                               n_seeds=self.n_seeds, steps=max(self.snapshot_steps), weight_decay=weight_decay,
+                               length_multiples=(1, 2, 4, 8, 16, 32, 64))
+        return SnapshotSweep(sweep, self.snapshot_steps, fine_lengths(sweep.train_len), self.eval_samples,
+                             content=content)
+
+    @property
+    def cells(self) -> list[tuple[bool, float, float]]:
+        """Every cell as ``(content, base, weight_decay)``: the position-only cells, then the content cells."""
+        return ([(False, b, w) for b in self.bases for w in self.weight_decays]
+                + [(True, b, w) for b in self.bases for w in self.content_weight_decays])
+
+
+def regime_map(profile: Profile) -> RegimeMap:
+    """The profile's :class:`RegimeMap`: 5 seeds per offset and cell in ``quick`` and ``default``, the
+    profile's seeds and 1024 test sequences per length in ``full`` (chapter 5b says which it ran)."""
+    if profile.name == "full":
+        return RegimeMap(n_seeds=profile.n_seeds, eval_samples=1024, n_null=4000)
+    return RegimeMap()

@@ -246,3 +246,71 @@ def lag_agreement(model, task, seq_len: int, lag: int, min_position: int = 0, n_
     with _threads(model, None):
         predicted = model(tokens, validate=False).argmax(-1)[:, :, positions]  # [M, B, P]
     return (predicted == tokens[None, :, positions - lag]).double().mean((1, 2)).cpu()
+
+
+@torch.no_grad()
+def attention_vote(model, task, lengths, n_samples: int = 512, seed: int = 4321, batch_size: int = 256) -> dict:
+    """Each head's mean target mass and the accuracy of its attention's vote, on fresh sequences.
+
+    A single head reads out ``sum_j a_j T[x_j]``. With the learned value table ``T`` replaced by the
+    identity the readout is a *vote*: each token class collects the attention on the keys that hold it,
+    and the head answers the class with the most. The vote is right for sure when ``p > 1/2``; the
+    mean-field threshold ``p*`` of :func:`~lengthgen_utils.analysis.theory.critical_target_mass` is its
+    limit when the distractors' weight is spread over infinitely many keys. The vote keeps each
+    sequence's finite set of distractors.
+
+    For every length, ``n_samples`` sequences are drawn from ``task`` (one generator seeded by ``seed``,
+    shared by every head) and run through ``model``; with the query's attention ``a`` over the keys
+    (one row per sequence for a head whose keys see tokens, the shared row otherwise):
+
+    * target mass ``p = a_{L-1-k}``, averaged over the sequences;
+    * the vote: class ``c`` collects ``sum_{j: x_j = c} a_j``; the vote is right when the target's token
+      collects the most (ties to the lower class id, as ``argmax`` breaks them).
+
+    The value table is not used: the vote is the readout with one-hot values.
+
+    Args:
+        model: a single-query head ensemble of M heads (:class:`~lengthgen_utils.core.models.RetrievalHead`,
+            :class:`~lengthgen_utils.core.models.ContentRetrievalHead`, :class:`~lengthgen_utils.core.models.KernelHead`).
+        task: one query-only task, or one per head.
+        lengths: evaluation lengths (tokens), each valid for every task and the model's encoding.
+        n_samples: sequences per length (>= 1).
+        seed: seed of the sequences (>= 0).
+        batch_size: sequences per forward pass (memory only).
+
+    Returns:
+        ``{"target_mass": float64 [M, n], "vote_accuracy": float64 [M, n]}`` for the ``n`` lengths, on CPU.
+
+    Raises:
+        ValueError / TypeError: bad sizes, a length too short for a task or beyond the encoding.
+
+    Source: chapter 5b, "What predicts accuracy" (the regime map).
+    """
+    lengths = check_int_sequence("lengths", lengths, minimum=2)
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    tasks = as_task_list(task, model.n_models)
+    for seq_len in lengths:
+        for t in tasks:
+            t.check_seq_len(seq_len)
+        model.check_positions(torch.arange(seq_len))
+    m = model.n_models
+    n_classes = model.config.vocab_size if hasattr(model, "config") else model.vocab_size  # KernelHead has no config
+    offsets = torch.tensor([t.offset for t in tasks], device=model.device)
+    mass = torch.zeros(m, len(lengths), dtype=torch.float64)
+    vote = torch.zeros(m, len(lengths), dtype=torch.float64)
+    gen = generator(seed)
+    with model_threads(model, None):
+        for col, seq_len in enumerate(lengths):
+            for start in range(0, n_samples, batch_size):
+                tokens, _ = tasks[0]._draw(min(batch_size, n_samples - start), seq_len, gen, model.device)
+                _, attn = model(tokens, validate=False)  # [M, B, L]; tokens drawn from the task
+                b = tokens.shape[0]
+                target_pos = (seq_len - 1 - offsets)[:, None, None].expand(m, b, 1)
+                mass[:, col] += attn.gather(2, target_pos)[..., 0].double().sum(1).cpu()
+                votes = torch.zeros(m, b, n_classes + 1, dtype=attn.dtype, device=attn.device)
+                votes.scatter_add_(2, tokens.expand(m, b, seq_len), attn)
+                winner = votes[..., :n_classes].argmax(-1)  # the query token holds no class
+                vote[:, col] += (winner == query_targets(tasks, tokens)).double().sum(1).cpu()
+    return {"target_mass": mass / n_samples, "vote_accuracy": vote / n_samples}

@@ -20,10 +20,10 @@ from ..analysis.theory import (expected_squared_error, gradient_descent_kernel, 
                                min_norm_interpolant, squared_loss_quadratic, trained_relative_positions)
 from ..core.encodings import get_encoding
 from ..core.fast import FastTransformer
-from ..core.models import KernelHead, LinearRNN, RetrievalHead
+from ..core.models import ContentRetrievalHead, KernelHead, LinearRNN, RetrievalHead
 from ..core.rope import kernel_frequencies, rope_kernel_features
 from .cache import load_or_run
-from .configs import (KernelHeadConfig, RecurrentExperiment, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
+from .configs import (KernelHeadConfig, RecurrentExperiment, RegimeMap, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
                       TransformerExperiment, transformer_experiment)
 from .evaluation import accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position
 from .profiles import Profile
@@ -222,7 +222,9 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
 
     Each snapshot equals the same ensemble trained for that many steps alone (the training stream does
     not depend on the run's length). Every snapshot is evaluated at ``config.lengths`` (with the log-length
-    scale when ``config.length_temperature``). Results go through the results cache.
+    scale when ``config.length_temperature``); with ``config.content`` the heads are
+    :class:`~lengthgen_utils.core.models.ContentRetrievalHead` (queries and keys see the tokens). Results go
+    through the results cache.
 
     Returns:
         a :class:`~lengthgen_utils.run.results.Runs` with one ensemble per snapshot: its members carry the
@@ -237,6 +239,9 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
     scale = log_length_scale(lengths, sweep.train_len) if config.length_temperature else None
 
     def build(training: bool = False) -> RetrievalHead:
+        if config.content:
+            return ContentRetrievalHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
+                                        max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds)
         if training and config.length_temperature:
             return _LogLengthTrainingHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
                                           max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
@@ -259,7 +264,7 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
             plain = build().to(device)
             plain.load_state_dict(kept[step])
             accuracy.append(accuracy_by_length(plain, tasks, lengths, n_samples=config.eval_samples,
-                                               logit_scale=scale))
+                                               logit_scale=scale, batch_size=256 if config.content else 1024))
         return {"states": [kept[s] for s in config.snapshot_steps], "loss_history": history, "accuracy": accuracy}
 
     payload, status = load_or_run(config, compute, cache=cache, device=device,
@@ -481,3 +486,20 @@ def run_transformer_suite(profile: Profile, n_seeds: int | None = None, device=N
 
 
 SUITES: dict[str, Callable] = {"single-head": run_single_head_suite, "transformer": run_transformer_suite}
+
+
+# ---------------------------------------------------------------- the regime map (chapter 5b)
+def run_regime_map(config: RegimeMap, device=None, cache=True) -> dict:
+    """Train every cell of a :class:`~lengthgen_utils.run.configs.RegimeMap` (each through the results cache).
+
+    Returns:
+        ``{(content, base, weight_decay): Runs}`` in :attr:`RegimeMap.cells` order, each the
+        :func:`run_snapshots` result of :meth:`RegimeMap.cell`.
+
+    Raises:
+        TypeError: ``config`` is not a :class:`~lengthgen_utils.run.configs.RegimeMap`.
+    """
+    if not isinstance(config, RegimeMap):
+        raise TypeError(f"config must be a RegimeMap; got {type(config).__name__}")
+    return {(content, base, wd): run_snapshots(config.cell(base, wd, content), device=device, cache=cache)
+            for content, base, wd in config.cells}
