@@ -274,7 +274,7 @@ def drawn_order() -> dict:
 
 
 def drawn_rank(order: dict, module: str) -> int | None:
-    if re.fullmatch(r"book\.ch\d\d", module):
+    if re.fullmatch(r"book\.ch\d\d[a-z]?", module):  # ch05b: a chapter between 5 and 6
         module = "book.chNN"
     if module == "__main__":
         return len(order)  # the command line's entry point, below everything

@@ -338,6 +338,24 @@ NUMBER_LABELS = {
     "lawful_heads_gradual": "heads the law describes that fall gradually",
     "lawful_heads": "heads the law describes (R² ≥ 0.9)",
     "median_p_at_fall_over_p_star": "target mass where accuracy falls, in p* (median)",
+    # chapter 5b (the regime map: C4 and C5)
+    "alignment_auc_min": "alignment vs untrained heads, lowest AUC over fitted cells",
+    "top2_auc_decayed_small_bases": "top-2 share vs untrained (AUC), weight decay 0 < λ ≤ 1, bases 10 and 100",
+    "top2_auc_no_decay_small_bases": "top-2 share vs untrained (AUC), no decay, bases 10 and 100",
+    "top2_auc_no_decay_base10": "top-2 share vs untrained (AUC), no decay, base 10",
+    "top2_auc_base1e4_median": "top-2 share vs untrained (AUC), base 10^4, median over λ",
+    "decayed_cells": "the decayed cells",
+    "step": "training steps of the map's snapshot",
+    "gradual_share_decayed_small_bases": "heads falling gradually, 0 < λ ≤ 1, bases 10 and 100",
+    "gradual_share_no_decay": "heads falling gradually, no decay",
+    "lawful_share_of_gradual": "gradual heads the law describes (R² ≥ 0.9)",
+    "alias_cliff_share_base1e4": "base 10^4, λ ≤ 1: falling heads with a cliff at the alias",
+    "vote_balanced_agreement": "the attention's vote predicts accuracy ≥ 0.9 (balanced agreement)",
+    "p_half_balanced_agreement_position": "p > 1/2 predicts accuracy ≥ 0.9 (balanced agreement)",
+    "p_star_balanced_agreement": "p > p* predicts accuracy ≥ 0.9 (balanced agreement)",
+    "shuffled_null": "null: another head's p > 1/2 (balanced agreement)",
+    "median_p_over_p_star_at_fall": "lawful heads, target mass at the fall in p* (median)",
+    "content_below_0.9_at_2x_no_decay": "content heads, no decay: below 0.9 at 2x",
     # chapter 9
     "control_2x": "APE at random shifts (control), mean accuracy at 2x",
     "control_reads_2x": "control, seeds reading the key back at 2x",
@@ -376,8 +394,9 @@ def chapter_link(chapter: str) -> tuple[str, str]:
     if not chapter:
         return "", ""
     stem = chapter.rsplit("/", 1)[-1]
-    number = stem.split("_", 1)[0]
-    name = f"ch. {int(number)}" if number.isdigit() else stem
+    number = stem.split("_", 1)[0]  # "04", or "05b" for a chapter between 5 and 6
+    digits = number.rstrip("abcdefghijklmnopqrstuvwxyz")
+    name = f"ch. {int(digits)}{number[len(digits):]}" if digits.isdigit() else stem
     return name, f"{chapter}.html"
 
 

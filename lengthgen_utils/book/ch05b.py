@@ -1,0 +1,498 @@
+"""Chapter 5b, the regime map: how each head's accuracy falls, its carrier against the untrained null, its
+margin and the law's fit, cell by cell of a :class:`~lengthgen_utils.run.configs.RegimeMap`; the phase
+diagram and the tables that show them."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from .._validate import check_int
+from ..analysis.kernel import dilution_law_fit, measures, offset_kernel, predicted_alias_distance
+from ..analysis.probes import accuracy_transition
+from ..analysis.theory import balanced_agreement, critical_target_mass, mean_field_parameters, separation_auc
+from ..core.tasks import FixedOffsetRetrieval
+from ..run.evaluation import attention_vote
+from ..run.runners import untrained_heads
+from .ch04 import first_length_holding
+from .ch05 import drop_near_alias
+from .render import FIGURE_HEIGHT
+from .sliders import slider_figure
+from .tables import Table
+
+FALLS = ("not fitted", "holds", "cliff at alias", "cliff elsewhere", "gradual")
+"""How a head's accuracy falls on the fine grid, the classes of :func:`classify_falls` (in the diagram's order)."""
+FALL_COLORS = ("#bdbdbd", "#2ca02c", "#d62728", "#ff7f0e", "#1f77b4")
+FIT_LEVEL = 0.9
+"""Accuracy at the training length (and the level every rule here predicts) at which a head counts as fitted."""
+CLIFF_WIDTH = 0.5
+"""Octaves: a fall from 0.9 to halfway to chance at most this wide is a cliff (two steps of the fine grid)."""
+ALIAS_SHARE = 0.5
+"""A cliff is at the alias when at least this share of the head's drop happens within one grid step of it."""
+LOW_RANK_AUC = 0.8
+"""A cell's carrier is low rank beyond its initialisation when its top-2 share beats the untrained null at this AUC."""
+
+
+def classify_falls(accuracy, lengths, alias_lengths, chance: float) -> list[str]:
+    """How each head's accuracy falls with length: one of :data:`FALLS` per head, by a stated rule.
+
+    With :func:`~lengthgen_utils.analysis.probes.accuracy_transition` (``L_high``: first length below 0.9;
+    ``L_half``: first below halfway to chance; the width ``log2(L_half / L_high)`` octaves):
+
+    * **not fitted**: below 0.9 already at the first length (the training length);
+    * **holds**: never below 0.9 on the grid;
+    * **cliff**: width at most :data:`CLIFF_WIDTH` octaves; **at alias** when at least :data:`ALIAS_SHARE` of
+      the drop happens within one grid step of the first length holding the head's predicted alias
+      (:func:`~lengthgen_utils.book.ch05.drop_near_alias`), **elsewhere** otherwise (or without an alias);
+    * **gradual**: wider than :data:`CLIFF_WIDTH`, or below 0.9 but never below halfway on the grid.
+
+    Args:
+        accuracy: ``[M, n]`` accuracies at ``lengths``.
+        lengths: ``n`` increasing lengths (tokens), a fine grid (four per octave in the book).
+        alias_lengths: ``M`` entries, each one of ``lengths`` or None (no predicted alias on the grid).
+        chance: the task's chance accuracy.
+
+    Returns:
+        ``M`` strings from :data:`FALLS`.
+
+    Raises:
+        ValueError / TypeError: as :func:`~lengthgen_utils.analysis.probes.accuracy_transition` and
+            :func:`~lengthgen_utils.book.ch05.drop_near_alias`.
+
+    Source: chapter 5b, "The phase diagram".
+    """
+    fall = accuracy_transition(accuracy, lengths, chance=chance, high=FIT_LEVEL, cliff=CLIFF_WIDTH,
+                               gradual=CLIFF_WIDTH + 1e-9)
+    share = drop_near_alias(np.asarray(accuracy, dtype=float), lengths, alias_lengths)
+    out = []
+    for kind, s in zip(fall["kind"], share):
+        if kind == "not learned":
+            out.append("not fitted")
+        elif kind == "holds":
+            out.append("holds")
+        elif kind == "cliff":
+            out.append("cliff at alias" if s >= ALIAS_SHARE else "cliff elsewhere")
+        else:  # gradual, or partial (never below halfway within the grid)
+            out.append("gradual")
+    return out
+
+
+def untrained_measures(config, base: float, train_len: int = 16):
+    """The carrier measures of ``config.n_null`` untrained RoPE heads of base ``base`` (the null of a cell).
+
+    Head ``i`` is measured at offset ``config.offsets[i % len(offsets)]``.
+
+    Source: chapter 5b; the null of chapter 4, "Is it training? Three nulls".
+    """
+    sweep = config.cell(base, 0.0).sweep
+    n = config.n_null - config.n_null % len(config.offsets)
+    heads = untrained_heads(sweep, n)
+    return measures(heads, torch.tensor(config.offsets).repeat(n // len(config.offsets)), train_len)
+
+
+def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dict:
+    """Everything the map shows of one cell at one snapshot, per head and summarised.
+
+    Args:
+        at_step: the cell's :class:`~lengthgen_utils.run.results.Runs` at one snapshot (``model``, ``offsets``,
+            ``accuracy [M, n]`` on ``lengths``).
+        null: the untrained heads' :class:`~lengthgen_utils.analysis.kernel.CarrierMeasures` of the same base
+            (:func:`untrained_measures`), or None for content heads (no position-only carrier).
+        lengths: the fine grid (tokens); the first is the training length.
+        content: the heads' keys see the tokens (no kernel: no carrier, margin, alias or law).
+        n_vote: sequences per length for :func:`~lengthgen_utils.run.evaluation.attention_vote`.
+
+    Returns:
+        a dict: per head ``falls`` (:func:`classify_falls`), ``accuracy``, ``target_mass`` and ``vote_accuracy``
+        ``[M, n]``, ``p_star`` ``[M]``; and, for position-only heads, per fitted head ``top2``, ``align``,
+        ``margin``, the law's ``r2`` and ``law_half`` (the first length at which the law's target mass is
+        below 1/2, or None up to the longest length), and the cell's ``top2_auc`` and ``align_auc`` against
+        ``null`` (NaN when no
+        head fitted).
+
+    Source: chapter 5b.
+    """
+    n_vote = check_int("n_vote", n_vote, minimum=1)
+    model, ks = at_step.model, [int(k) for k in at_step.offsets]
+    lengths = [int(L) for L in lengths]
+    acc = at_step.accuracy.double()
+    vocab = model.config.vocab_size
+    tasks = [FixedOffsetRetrieval(vocab, k) for k in ks]
+    vote = attention_vote(model, tasks, lengths, n_samples=n_vote)
+    fitted = acc[:, 0] >= FIT_LEVEL
+    rep = {"accuracy": acc, "fitted": fitted, **vote, "content": content, "lengths": lengths,
+           "p_star": critical_target_mass(model.value_table()[:, :vocab].detach().cpu(), undefined="nan")}
+    train_len, max_len = lengths[0], lengths[-1]
+    nan = float("nan")
+    if content:
+        rep["falls"] = classify_falls(acc, lengths, [None] * len(ks), chance=1 / vocab)
+        rep.update(top2_auc=nan, align_auc=nan)
+        return rep
+    alias, _ = predicted_alias_distance(model, ks, train_len, 4 * max_len)
+    rep["falls"] = classify_falls(acc, lengths, first_length_holding(alias, lengths), chance=1 / vocab)
+    idx = torch.nonzero(fitted).flatten().tolist()
+    if not idx:
+        rep.update(top2=torch.empty(0), align=torch.empty(0), margin=torch.empty(0), r2=torch.empty(0),
+                   law_half=[], top2_auc=nan, align_auc=nan)
+        return rep
+    heads, ks_fit = model.subset(idx), [ks[i] for i in idx]
+    m = measures(heads, ks_fit, train_len)
+    margin, _ = mean_field_parameters(offset_kernel(heads, max_len), ks_fit, train_len)
+    law = dilution_law_fit(heads, ks_fit, train_len, max_len)
+    half = [torch.nonzero(row > 1.0).flatten() for row in law["law"]]  # 1/p - 1 > 1: the law's p below 1/2
+    rep.update(top2=m.top2_kept, align=m.alignment_variation, margin=margin, r2=law["r2"],
+               law_half=[train_len + int(h[0]) if h.numel() else None for h in half],
+               top2_auc=separation_auc(m.top2_kept, null.top2_kept),
+               align_auc=separation_auc(m.alignment_variation, null.alignment_variation))
+    return rep
+
+
+def map_reports(results: dict, config, n_vote: int = 256) -> dict:
+    """:func:`cell_report` of every cell and snapshot of a trained map.
+
+    Args:
+        results: ``{(content, base, weight_decay): Runs}`` (:func:`~lengthgen_utils.run.runners.run_regime_map`).
+        config: its :class:`~lengthgen_utils.run.configs.RegimeMap`.
+        n_vote: as :func:`cell_report`.
+
+    Returns:
+        ``{(content, base, weight_decay, step): report}``.
+
+    Source: chapter 5b.
+    """
+    nulls = {b: untrained_measures(config, b) for b in config.bases}
+    reports = {}
+    for (content, base, wd), runs in results.items():
+        for step, at_step in runs.by("step").items():
+            reports[(content, base, wd, step)] = cell_report(at_step, None if content else nulls[base],
+                                                             runs.lengths, content, n_vote)
+    return reports
+
+
+def outcome(falls) -> str:
+    """A cell's outcome: its most common class of :data:`FALLS` (ties to the earlier class)."""
+    falls = list(falls)
+    return max(FALLS, key=lambda c: (falls.count(c), -FALLS.index(c)))
+
+
+def _base_label(base: float) -> str:
+    """``"10⁴"`` for a power of ten above 100, else the base as it is (``"10"``, ``"100"``, ``"500"``)."""
+    exponent = math.log10(base)
+    if abs(exponent - round(exponent)) < 1e-9 and base > 100:
+        return "10" + str(round(exponent)).translate(str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻"))
+    return f"{base:g}"
+
+
+def _row_labels(config) -> list[tuple[bool, float, str]]:
+    rows = [(False, b, f"base {_base_label(b)}") for b in config.bases]
+    if config.content_weight_decays:
+        rows += [(True, b, f"{_base_label(b)}, content") for b in config.bases]
+    return rows
+
+
+def _at_16x(rep: dict) -> float:
+    """The cell's mean accuracy at 16 times the training length (the first length of the grid)."""
+    return float(rep["accuracy"][:, rep["lengths"].index(16 * rep["lengths"][0])].mean())
+
+
+def _hover(rep: dict, base: float, wd: float) -> str:
+    falls = rep["falls"]
+    counts = ", ".join(f"{c} {falls.count(c)}" for c in FALLS if falls.count(c))
+    head = "content head" if rep["content"] else "position-only head"
+    lines = [f"{head}, base {base:g}, weight decay {wd:g}", counts,
+             f"fitted {int(rep['fitted'].sum())}/{len(falls)}, accuracy at 16x {_at_16x(rep):.2f}"]
+    if not rep["content"] and len(rep["top2"]):
+        lines += [f"top-2 share {float(rep['top2'].median()):.2f} (AUC vs untrained {rep['top2_auc']:.2f})",
+                  f"alignment AUC {rep['align_auc']:.2f}",
+                  f"margin {float(rep['margin'].min()):.1f}..{float(rep['margin'].max()):.1f} nats",
+                  f"law R² ≥ 0.9: {int((rep['r2'] >= 0.9).sum())}/{len(rep['r2'])}"]
+    return "<br>".join(lines)
+
+
+def phase_panel(reports: dict, config, step: int, title: str) -> go.Figure:
+    """The phase diagram at one snapshot: weight decay across, RoPE base (and head type) down, coloured by outcome.
+
+    Each cell is coloured by its most common class (:func:`outcome`) and labelled with that class's count;
+    hovering gives the counts of every class and the cell's numbers.
+
+    Source: chapter 5b, "The phase diagram".
+    """
+    wds = sorted({k[2] for k in reports})
+    rows = _row_labels(config)
+    z, text, hover = [], [], []
+    for content, base, _ in rows:
+        zr, tr, hr = [], [], []
+        for wd in wds:
+            rep = reports.get((content, base, wd, step))
+            if rep is None:
+                zr.append(None), tr.append(""), hr.append("not run")
+                continue
+            best = outcome(rep["falls"])
+            zr.append(FALLS.index(best))
+            short = {"not fitted": "none", "holds": "holds", "cliff at alias": "alias", "cliff elsewhere": "cliff",
+                     "gradual": "grad."}[best]
+            tr.append(f"{short}<br>{rep['falls'].count(best)}/{len(rep['falls'])}")
+            hr.append(_hover(rep, base, wd))
+        z.append(zr), text.append(tr), hover.append(hr)
+    n = len(FALLS)
+    scale = []
+    for i, c in enumerate(FALL_COLORS):
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    return _map_heatmap(z, [f"{w:g}" for w in wds], [r[2] for r in rows], text, title, FIGURE_HEIGHT + 40,
+                        dict(tickvals=list(range(n)), ticktext=list(FALLS), tickfont=dict(size=10)),
+                        customdata=hover, hovertemplate="%{customdata}<extra></extra>", colorscale=scale,
+                        zmin=-0.5, zmax=n - 0.5)
+
+
+def _map_heatmap(z, x, y, text, title: str, height: int, colorbar: dict, **trace) -> go.Figure:
+    """One panel of the map: a heatmap of cells (weight decay across, the rows down) labelled in each cell, with
+    its colour bar laid flat under the plot (a phone's column has no room beside it)."""
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, text=text, texttemplate="%{text}", textfont=dict(size=11), xgap=2,
+                               ygap=2, colorbar=dict(orientation="h", y=-0.32, yanchor="top", thickness=12, len=1.0,
+                                                     **colorbar), **trace))
+    fig.update_layout(title=title, height=height, margin=dict(l=10, r=10, t=60, b=120))
+    fig.update_xaxes(title="AdamW weight decay λ", type="category")
+    fig.update_yaxes(autorange="reversed", type="category")
+    return fig
+
+
+def _by_step(panel, reports: dict, config, title: str) -> go.Figure:
+    """``panel`` at every snapshot of the map, with a slider over the training steps (static: no kernel needed)."""
+    return slider_figure({f"{s}": panel(reports, config, s, f"{title}, step {s}") for s in config.snapshot_steps},
+                         "training steps: ", active=len(config.snapshot_steps) - 1)
+
+
+def phase_diagram(reports: dict, config, title: str) -> go.Figure:
+    """:func:`phase_panel` at every snapshot, with a slider over the training steps (static: no kernel needed)."""
+    return _by_step(phase_panel, reports, config, title)
+
+
+def carrier_panel(reports: dict, config, step: int, title: str) -> go.Figure:
+    """The carrier's top-2 share against the untrained null (AUC) per position-only cell at one snapshot."""
+    wds = sorted({k[2] for k in reports if not k[0]})
+    z, text = [], []
+    for base in config.bases:
+        zr, tr = [], []
+        for wd in wds:
+            rep = reports[(False, base, wd, step)]
+            auc = rep["top2_auc"]
+            zr.append(None if math.isnan(auc) else auc)
+            tr.append("none<br>fitted" if math.isnan(auc) else f"{auc:.2f}<br>{float(rep['top2'].median()):.2f}")
+        z.append(zr), text.append(tr)
+    return _map_heatmap(z, [f"{w:g}" for w in wds], [f"base {_base_label(b)}" for b in config.bases], text, title,
+                        FIGURE_HEIGHT, dict(title=dict(text="AUC vs untrained", side="top")), zmin=0, zmax=1,
+                        colorscale="RdBu",
+                        hovertemplate="λ %{x}, %{y}<br>AUC of the top-2 share vs untrained %{z:.2f}<extra></extra>")
+
+
+def carrier_diagram(reports: dict, config, title: str) -> go.Figure:
+    """:func:`carrier_panel` at every snapshot, with a slider over the training steps."""
+    return _by_step(carrier_panel, reports, config, title)
+
+
+def regimes_table(reports: dict, config, step: int) -> Table:
+    """One row per cell at one snapshot: fitted heads, classes, carrier, margins, the law's fit."""
+    rows = []
+    for (content, base, wd, s), rep in reports.items():
+        if s != step:
+            continue
+        falls = rep["falls"]
+        row = {"head": "content" if content else "position", "base": f"{base:g}", "λ": f"{wd:g}",
+               "fitted": f"{int(rep['fitted'].sum())}/{len(falls)}",
+               "how accuracy falls": ", ".join(f"{c} {falls.count(c)}" for c in FALLS if falls.count(c))}
+        if not content and len(rep["top2"]):
+            row.update({"top-2 (AUC)": f"{float(rep['top2'].median()):.2f} ({rep['top2_auc']:.2f})",
+                        "margin (nats)": f"{float(rep['margin'].min()):.1f}..{float(rep['margin'].max()):.1f}",
+                        "R² ≥ 0.9": f"{int((rep['r2'] >= 0.9).sum())}"})
+        else:
+            row.update({"top-2 (AUC)": "", "margin (nats)": "", "R² ≥ 0.9": ""})
+        rows.append(row)
+    return Table.from_rows(rows, caption=f"Every cell of the map after {step} steps: heads fitted at the training "
+                           "length, how accuracy falls (the rule in the text), the median top-2 share with its AUC "
+                           "against untrained heads of the same base, the range of target margins, and the heads "
+                           "whose exact 1/p − 1 the long-run law describes (R² ≥ 0.9)")
+
+
+def pooled(reports: dict, content: bool | None = None) -> dict:
+    """Every (head, length) of the fitted heads of the chosen cells and snapshots, as flat tensors.
+
+    Args:
+        reports: :func:`map_reports`' result.
+        content: only content cells (True), only position-only cells (False), or all (None).
+
+    Returns:
+        ``{"accurate", "p", "vote", "p_star", "p_shuffled"}``: booleans ``accuracy >= 0.9``, the target mass, the
+        vote's accuracy, each head's ``p*`` repeated over lengths, and the target mass of another head of the
+        same cell at the same length (a fixed derangement of the cell's fitted heads: the shuffled null).
+
+    Source: chapter 5b, "What predicts accuracy".
+    """
+    parts = {k: [] for k in ("accurate", "p", "vote", "p_star", "p_shuffled")}
+    for key, rep in reports.items():
+        if content is not None and key[0] != content:
+            continue
+        keep = rep["fitted"]
+        if int(keep.sum()) < 2:
+            continue
+        acc, p = rep["accuracy"][keep], rep["target_mass"][keep]
+        shift = torch.roll(torch.arange(p.shape[0]), 1)
+        parts["accurate"].append((acc >= FIT_LEVEL).flatten())
+        parts["p"].append(p.flatten())
+        parts["vote"].append(rep["vote_accuracy"][keep].flatten())
+        parts["p_star"].append(rep["p_star"][keep][:, None].expand_as(p).flatten())
+        parts["p_shuffled"].append(p[shift].flatten())
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def predictor_scores(data: dict) -> dict:
+    """Balanced agreement with ``accuracy >= 0.9`` of each rule and null on pooled (head, length) pairs.
+
+    Rules: ``p > 1/2``; ``p > p*`` (the mean-field threshold); the vote's accuracy ``>= 0.9``. Nulls: the
+    uniform row's target share ``1/L > 1/2`` (never: 0.5), and ``p > 1/2`` with ``p`` of another head of
+    the same cell at the same length (the shuffled null).
+
+    Returns:
+        ``{rule: balanced agreement}`` (:func:`~lengthgen_utils.analysis.theory.balanced_agreement`).
+
+    Source: chapter 5b, "What predicts accuracy".
+    """
+    a = data["accurate"]
+    return {
+        "p > 1/2": balanced_agreement(data["p"] > 0.5, a),
+        "p > p* (mean field)": balanced_agreement(data["p"] > data["p_star"].nan_to_num(1.0), a),
+        "vote ≥ 0.9": balanced_agreement(data["vote"] >= FIT_LEVEL, a),
+        "null: uniform row, 1/L > 1/2": balanced_agreement(torch.zeros_like(a), a),
+        "null: p of another head > 1/2": balanced_agreement(data["p_shuffled"] > 0.5, a),
+    }
+
+
+def predictor_table(scores: dict) -> Table:
+    """The balanced agreement of every rule and null (rows) in each group of cells (columns).
+
+    Args:
+        scores: ``{group name: predictor_scores(...)}``, e.g. position-only, content, whole map.
+
+    Source: chapter 5b, "What predicts accuracy".
+    """
+    groups = list(scores)
+    rules = list(next(iter(scores.values())))
+    cells = [[rule] + [f"{scores[g][rule]:.3f}" for g in groups] for rule in rules]
+    return Table(["rule: accurate (≥ 0.9) when"] + groups, cells,
+                 caption="Balanced agreement of each rule with accuracy ≥ 0.9, over every fitted head, length and "
+                 "snapshot of the map (0.5: no better than a constant; 1: always right)")
+
+
+def _heads(reports: dict, keys, step: int):
+    """(report, head index) of every head of the cells ``keys`` (``(content, base, weight_decay)``) at ``step``."""
+    for key in keys:
+        rep = reports[(*key, step)]
+        for i in range(len(rep["falls"])):
+            yield rep, i
+
+
+def lawful_share(reports: dict, keys, step: int, falls=None) -> float:
+    """The share of fitted position-only heads of ``keys`` at ``step`` whose law's R² is at least 0.9.
+
+    Args:
+        reports: :func:`map_reports`' result.
+        keys: position-only cells ``(False, base, weight_decay)``.
+        step: the snapshot.
+        falls: None (every fitted head), or the classes of :data:`FALLS` to keep.
+
+    Returns:
+        a float in [0, 1]; NaN when no head qualifies.
+
+    Source: chapter 5b, "The phase diagram".
+    """
+    hits = []
+    for key in keys:
+        rep = reports[(*key, step)]
+        fitted = torch.nonzero(rep["fitted"]).flatten().tolist()
+        for j, i in enumerate(fitted):
+            if falls is None or rep["falls"][i] in falls:
+                hits.append(float(rep["r2"][j]) >= 0.9)
+    return float(np.mean(hits)) if hits else float("nan")
+
+
+def lawful_falls(reports: dict, step: int | None = None) -> dict:
+    """Every lawful position-only head (law R² >= 0.9) that falls below 0.9, at its first length below 0.9.
+
+    Args:
+        reports: :func:`map_reports`' result.
+        step: the snapshot (default: the last).
+
+    Returns:
+        numpy arrays over those heads: ``p`` (target mass), ``p_star``, ``p_over_p_star`` (NaN where ``p*`` is
+        undefined or 0),
+        ``vote`` (the vote's accuracy) and ``law_within`` (the law's p = 1/2 length within half an octave of
+        the first failing length).
+
+    Source: chapter 5b, "Revisiting p*".
+    """
+    step = max(k[3] for k in reports) if step is None else step
+    out = {"p": [], "p_star": [], "p_over_p_star": [], "vote": [], "law_within": []}
+    for (content, _, _, s), rep in reports.items():
+        if content or s != step:
+            continue
+        lengths = rep["lengths"]
+        for j, i in enumerate(torch.nonzero(rep["fitted"]).flatten().tolist()):
+            below = torch.nonzero(rep["accuracy"][i] < FIT_LEVEL).flatten()
+            if float(rep["r2"][j]) < 0.9 or not below.numel():
+                continue
+            col = int(below[0])
+            p, p_star = float(rep["target_mass"][i, col]), float(rep["p_star"][i])
+            half = rep["law_half"][j]
+            out["p"].append(p)
+            out["p_star"].append(p_star)
+            out["p_over_p_star"].append(p / p_star if p_star > 0 else float("nan"))
+            out["vote"].append(float(rep["vote_accuracy"][i, col]))
+            out["law_within"].append(half is not None and abs(math.log2(half / lengths[col])) <= 0.5)
+    return {k: np.asarray(v, dtype=float) for k, v in out.items()}
+
+
+def share_below(reports: dict, content: bool, weight_decay: float, step: int, multiple: int) -> float:
+    """Share of the heads of every base (``content``, ``weight_decay``, ``step``) below 0.9 at ``multiple`` times
+    the training length (a length of the grid)."""
+    flags = []
+    for (c, _, w, s), rep in reports.items():
+        if c == content and w == weight_decay and s == step:
+            col = rep["lengths"].index(multiple * rep["lengths"][0])
+            flags += (rep["accuracy"][:, col] < FIT_LEVEL).tolist()
+    return float(np.mean(flags))
+
+
+def count_falls(reports: dict, content: bool, weight_decay: float, step: int) -> str:
+    """``"holds 20, gradual 12"``: how the heads of every base (``content``, ``weight_decay``, ``step``) fall."""
+    falls = [f for (c, _, w, s), rep in reports.items() if c == content and w == weight_decay and s == step
+             for f in rep["falls"]]
+    return ", ".join(f"{c} {falls.count(c)}" for c in FALLS if falls.count(c))
+
+
+def content_summary(reports: dict, config, step: int) -> dict:
+    """The content heads against the position-only ones, pooled over bases, at ``step``.
+
+    Returns:
+        ``early_plain`` / ``early_decayed``: the share of content heads below 0.9 at twice the training length
+        without decay / at the largest content decay; ``early_position``: the same for position-only heads
+        without decay; ``cliff_plain``: of the undecayed content heads that fall, the share by a cliff;
+        ``gradual_decayed``: the share of content heads at the largest content decay that fall gradually.
+
+    Raises:
+        ValueError: the map has no content cells, or none without decay.
+
+    Source: chapter 5b, "Distractors that see the token".
+    """
+    wds = config.content_weight_decays
+    if not wds or 0.0 not in wds:
+        raise ValueError(f"the map needs content cells without decay; content_weight_decays={wds}")
+    top = max(wds)
+    falls_plain = [f for (c, _, w, s), r in reports.items() if c and w == 0.0 and s == step for f in r["falls"]]
+    falls_top = [f for (c, _, w, s), r in reports.items() if c and w == top and s == step for f in r["falls"]]
+    fallen = [f for f in falls_plain if f not in ("holds", "not fitted")]
+    return {"early_plain": share_below(reports, True, 0.0, step, 2),
+            "early_decayed": share_below(reports, True, top, step, 2),
+            "early_position": share_below(reports, False, 0.0, step, 2),
+            "cliff_plain": sum(f.startswith("cliff") for f in fallen) / max(len(fallen), 1),
+            "gradual_decayed": falls_top.count("gradual") / len(falls_top)}

@@ -1,0 +1,166 @@
+"""The regime map (chapter 5b): the head whose keys see the token, the attention's vote, the rules that score
+predictors, the classification of falls and the map's configuration."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lengthgen_utils.analysis.theory import balanced_agreement
+from lengthgen_utils.run.evaluation import attention_vote
+from lengthgen_utils.book import ch05b
+from lengthgen_utils.book.scoreboard import chapter_link
+from lengthgen_utils.core.models import ContentRetrievalHead, KernelHead, RetrievalHead
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+from lengthgen_utils.run.configs import RegimeMap, RetrievalSweep, SnapshotSweep, regime_map
+from lengthgen_utils.run.evaluation import accuracy_by_length, target_attention_mass
+from lengthgen_utils.run.profiles import get_profile
+
+
+def _tokens(b=5, seq_len=11, seed=0, vocab=16):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (b, seq_len), generator=g)
+    tokens[:, -1] = vocab  # the query token
+    return tokens
+
+
+@pytest.mark.parametrize("pe", ["rope", "ape", "alibi", "nope"])
+def test_content_head_without_token_content_is_the_position_only_head(pe):
+    """With every token embedding equal, keys carry no token: the content head computes RetrievalHead's
+    row and logits (the two share their parameters)."""
+    content = ContentRetrievalHead(n_models=3, seeds=[0, 1, 2], pe=pe)
+    plain = RetrievalHead(n_models=3, seeds=[0, 1, 2], pe=pe)
+    plain.load_state_dict(content.state_dict())
+    with torch.no_grad():
+        for m in (content, plain):
+            m.embed.zero_()
+        tokens = _tokens()
+        (lc, ac), (lp, ap) = content(tokens), plain(tokens)
+    assert ac.shape == ap.shape == (3, 5, 11)
+    assert torch.allclose(ac, ap, atol=1e-6) and torch.allclose(lc, lp, atol=1e-6)
+
+
+def test_content_head_matches_a_per_sequence_reference():
+    """Every logit is q_{L-1} . k_j / sqrt(d_head) with q and k from u + E[x] + e_t, rotated at their positions
+    (computed here one sequence at a time, with the encoding's own rotation)."""
+    model = ContentRetrievalHead(n_models=2, seeds=[3, 4], pe="rope")
+    tokens = _tokens(b=4, seq_len=9, seed=1)
+    with torch.no_grad():
+        _, attn = model(tokens)
+        positions = torch.arange(9)
+        for m in range(2):
+            for b in range(4):
+                x = model.u[m] + model.embed[m, tokens[b]]  # [L, d_model]
+                q = model.encoding.rotate((x[-1:] @ model.w_q[m].T)[None], positions[-1:])[0, 0]
+                k = model.encoding.rotate((x @ model.w_k[m].T)[None], positions)[0]
+                expect = (k @ q / math.sqrt(model.config.d_head)).softmax(-1)
+                assert torch.allclose(attn[m, b], expect, atol=1e-6)
+
+
+def test_content_head_keys_see_the_token_and_rope_stays_relative():
+    model = ContentRetrievalHead(n_models=2, seeds=[0, 1])
+    tokens = _tokens(b=1, seq_len=12)
+    other = tokens.clone()
+    other[0, 3] = (other[0, 3] + 1) % 16
+    with torch.no_grad():
+        _, a = model(tokens)
+        _, b = model(other)
+        _, shifted = model(tokens, position_shift=1000)
+    assert (a - b).abs().max() > 1e-3  # one distractor's token moved its logit
+    assert torch.allclose(a, shifted, atol=1e-5)  # RoPE: the offset alone, per token
+
+
+def test_content_head_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="softmax only"):
+        ContentRetrievalHead(attention="linear")
+    model = ContentRetrievalHead()
+    for call in (lambda: model.attention_row(8), lambda: model.scores(8), lambda: model.queries_keys(torch.arange(4))):
+        with pytest.raises(TypeError, match="depends on the tokens"):
+            call()
+    with pytest.raises(ValueError, match="softmax only"):
+        model.with_attention("linear")
+    with pytest.raises(ValueError, match=r"tokens must lie in \[0, 16\]"):
+        model(torch.full((2, 5), 17))
+    assert isinstance(model.subset([0]), ContentRetrievalHead)
+
+
+def test_vote_of_a_one_hot_readout_is_its_accuracy_and_the_mass_is_the_row():
+    """A KernelHead's values are one-hot: its readout is the vote, so the two accuracies agree exactly on the
+    same sequences; for a position-only head the vote's mean target mass is the attention row's."""
+    tasks = [FixedOffsetRetrieval(16, k) for k in (1, 2, 3)]
+    head = KernelHead(n_models=3, seeds=[0, 1, 2])
+    with torch.no_grad():
+        head.c.mul_(20.0)  # peaked rows, so the vote is often wrong at long lengths and often right at short
+    lengths = [8, 16, 32]
+    vote = attention_vote(head, tasks, lengths, n_samples=300, seed=12345, batch_size=128)
+    acc = accuracy_by_length(head, tasks, lengths, n_samples=300, seed=12345, batch_size=128)
+    assert torch.equal(vote["vote_accuracy"], acc)
+    rope = RetrievalHead(n_models=3, seeds=[0, 1, 2])
+    got = attention_vote(rope, tasks, lengths, n_samples=64)["target_mass"]
+    assert torch.allclose(got, target_attention_mass(rope, [1, 2, 3], lengths), atol=1e-6)
+
+
+def test_vote_refuses_bad_arguments():
+    head = RetrievalHead()
+    task = FixedOffsetRetrieval(16, 3)
+    with pytest.raises(ValueError, match="n_samples"):
+        attention_vote(head, task, [8], n_samples=0)
+    with pytest.raises(ValueError):
+        attention_vote(head, task, [4])  # too short for offset 3
+
+
+def test_balanced_agreement():
+    actual = torch.tensor([True] * 9 + [False])
+    assert balanced_agreement(torch.ones(10, dtype=torch.bool), actual) == 0.5  # "always holds"
+    assert balanced_agreement(actual, actual) == 1.0
+    assert balanced_agreement(~actual, actual) == 0.0
+    assert math.isnan(balanced_agreement(actual, torch.ones(10, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="one shape"):
+        balanced_agreement(torch.ones(3, dtype=torch.bool), actual)
+
+
+def test_classify_falls_by_its_stated_rule():
+    lengths = [16, 19, 23, 27, 32, 38, 45, 54, 64]
+    rows = {
+        "holds": [1.0] * 9,
+        "not fitted": [0.5] * 9,
+        "cliff at alias": [1, 1, 1, 1, 0.07, 0.07, 0.07, 0.07, 0.07],
+        "cliff elsewhere": [1, 1, 0.07, 0.07, 0.07, 0.07, 0.07, 0.07, 0.07],
+        "gradual": [1, 0.95, 0.88, 0.8, 0.72, 0.64, 0.56, 0.5, 0.45],
+        "gradual ": [1, 1, 1, 1, 1, 1, 0.85, 0.8, 0.75],  # below 0.9, never halfway: gradual too
+    }
+    acc = np.array(list(rows.values()))
+    alias = [None, None, 32, 32, None, None]
+    assert ch05b.classify_falls(acc, lengths, alias, chance=1 / 16) == [k.strip() for k in rows]
+    assert ch05b.outcome(["holds", "gradual", "gradual", "holds"]) == "holds"  # ties to the earlier class
+    assert ch05b.outcome(["gradual", "cliff at alias", "gradual"]) == "gradual"
+
+
+def test_regime_map_configuration():
+    cfg = RegimeMap()
+    assert len(cfg.cells) == len(cfg.bases) * (len(cfg.weight_decays) + len(cfg.content_weight_decays))
+    cell = cfg.cell(100.0, 0.3, content=True)
+    assert isinstance(cell, SnapshotSweep) and cell.content and cell.sweep.weight_decay == 0.3
+    assert cell.sweep.pes[0].base == 100.0 and cell.sweep.steps == max(cfg.snapshot_steps)
+    assert cell.lengths[0] == 16 and cell.lengths[-1] == 1024
+    assert RegimeMap(content_weight_decays=()).cells == [c for c in cfg.cells if not c[0]]
+    assert regime_map(get_profile("full")).n_seeds == get_profile("full").n_seeds
+    assert regime_map(get_profile("quick")).n_seeds == 5
+    for bad, err in [(dict(bases=()), ValueError), (dict(weight_decays=(-1.0,)), ValueError),
+                     (dict(bases=(10.0, 10.0)), ValueError), (dict(snapshot_steps=(500, 250)), ValueError),
+                     (dict(offsets=(15,)), ValueError), (dict(n_seeds=0), ValueError), (dict(bases="10"), TypeError)]:
+        with pytest.raises(err):
+            RegimeMap(**bad)
+
+
+def test_content_snapshots_need_softmax_and_no_temperature():
+    sweep = RetrievalSweep(pes=("rope",), attentions=("linear",), offsets=(1,), n_seeds=1, steps=10)
+    with pytest.raises(ValueError, match="content heads"):
+        SnapshotSweep(sweep, (10,), (16,), 8, content=True)
+    with pytest.raises(TypeError, match="content must be a bool"):
+        SnapshotSweep(sweep, (10,), (16,), 8, content=1)
+
+
+def test_chapter_links_name_an_inserted_chapter():
+    assert chapter_link("chapters/05b_regime_map") == ("ch. 5b", "chapters/05b_regime_map.html")
+    assert chapter_link("chapters/04_carrier_kernel")[0] == "ch. 4"
