@@ -88,7 +88,7 @@ def recorded_number_keys() -> dict[str, list[str]]:
 
 def test_every_key_number_the_chapters_record_has_a_label():
     keys = recorded_number_keys()
-    assert len(keys) >= 8 and all(keys.values()), keys  # chapters 1-3, 5b, 6-9 record a claim, each with numbers
+    assert len(keys) >= 9 and all(keys.values()), keys  # chapters 1-4, 5b, 6-9 record a claim, each with numbers
     raw = [k for ks in keys.values() for k in ks if "_" in k or k not in scoreboard.NUMBER_LABELS and " " not in k]
     missing = [k for k in raw if k not in scoreboard.NUMBER_LABELS]
     assert not missing, f"key numbers without a label in scoreboard.NUMBER_LABELS: {missing}"
@@ -187,8 +187,8 @@ def test_evidence_needs_the_chapter_and_its_checks_of_this_run(tmp_path, monkeyp
 
 
 def test_every_chapter_names_its_evidence():
-    """Chapters 1-3, 5b and 6-9 pass evidence= to record_claim (their status is derived, not typed); chapter 5b
-    records C4 and C5 from the regime map, so chapters 4 and 5 record none."""
+    """Chapters 1-4, 5b and 6-9 pass evidence= to record_claim (their status is derived, not typed); chapter 5b
+    records C4 and C5 from the regime map, chapter 4 its alias finding beyond the paper, chapter 5 nothing."""
     named = {}
     for path in sorted((Path(__file__).resolve().parents[1] / "chapters").glob("0[1-9]*_*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
@@ -196,6 +196,6 @@ def test_every_chapter_names_its_evidence():
                 for call in ast.walk(ast.parse(cell.source)):
                     if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "record_claim":
                         named.setdefault(path.stem, []).append(({k.arg for k in call.keywords}, call.args[0].value))
-    assert len(named) == 8 and all("evidence" in k for calls in named.values() for k, _ in calls), named
+    assert len(named) == 9 and all("evidence" in k for calls in named.values() for k, _ in calls), named
     assert [c for _, c in named["05b_regime_map"]] == ["C4", "C5"]
-    assert "04_carrier_kernel" not in named and "05_dilution_law" not in named
+    assert [c for _, c in named["04_carrier_kernel"]] == ["X:aliases"] and "05_dilution_law" not in named

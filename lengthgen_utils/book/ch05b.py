@@ -27,8 +27,9 @@ FALLS = ("not fitted", "holds", "cliff at alias", "cliff elsewhere", "gradual")
 FALL_COLORS = ("#bdbdbd", "#2ca02c", "#d62728", "#ff7f0e", "#1f77b4")
 FIT_LEVEL = 0.9
 """Accuracy at the training length (and the level every rule here predicts) at which a head counts as fitted."""
-CLIFF_WIDTH = 0.5
-"""Octaves: a fall from 0.9 to halfway to chance at most this wide is a cliff (two steps of the fine grid)."""
+CLIFF_WIDTH = 0.55
+"""Octaves: a fall from 0.9 to halfway to chance at most this wide is a cliff: at most two steps of the fine grid
+(half an octave; up to 0.524 octave between its rounded lengths, e.g. 16 to 23), where three steps are 0.75."""
 ALIAS_SHARE = 0.5
 """A cliff is at the alias when at least this share of the head's drop happens within one grid step of it."""
 LOW_RANK_AUC = 0.8
@@ -105,7 +106,8 @@ def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dic
         n_vote: sequences per length for :func:`~lengthgen_utils.run.evaluation.attention_vote`.
 
     Returns:
-        a dict: per head ``falls`` (:func:`classify_falls`), ``accuracy``, ``target_mass`` and ``vote_accuracy``
+        a dict: per head ``falls`` (:func:`classify_falls`), ``alias_lengths`` (the first length holding the
+        predicted alias, or None; always None for content heads), ``accuracy``, ``target_mass`` and ``vote_accuracy``
         ``[M, n]``, ``p_star`` ``[M]``; and, for position-only heads, per fitted head ``top2``, ``align``,
         ``margin``, the law's ``r2`` and ``law_half`` (the first length at which the law's target mass is
         below 1/2, or None up to the longest length), and the cell's ``top2_auc`` and ``align_auc`` against
@@ -127,11 +129,13 @@ def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dic
     train_len, max_len = lengths[0], lengths[-1]
     nan = float("nan")
     if content:
-        rep["falls"] = classify_falls(acc, lengths, [None] * len(ks), chance=1 / vocab)
+        rep["alias_lengths"] = [None] * len(ks)
+        rep["falls"] = classify_falls(acc, lengths, rep["alias_lengths"], chance=1 / vocab)
         rep.update(top2_auc=nan, align_auc=nan)
         return rep
     alias, _ = predicted_alias_distance(model, ks, train_len, 4 * max_len)
-    rep["falls"] = classify_falls(acc, lengths, first_length_holding(alias, lengths), chance=1 / vocab)
+    rep["alias_lengths"] = first_length_holding(alias, lengths)
+    rep["falls"] = classify_falls(acc, lengths, rep["alias_lengths"], chance=1 / vocab)
     idx = torch.nonzero(fitted).flatten().tolist()
     if not idx:
         rep.update(top2=torch.empty(0), align=torch.empty(0), margin=torch.empty(0), r2=torch.empty(0),
@@ -193,7 +197,7 @@ def _row_labels(config) -> list[tuple[bool, float, str]]:
 
 
 def _at_16x(rep: dict) -> float:
-    """The cell's mean accuracy at 16 times the training length (the first length of the grid)."""
+    """The cell's mean accuracy at 16 times the training length (``lengths[0]``, the first length of the grid)."""
     return float(rep["accuracy"][:, rep["lengths"].index(16 * rep["lengths"][0])].mean())
 
 
@@ -496,3 +500,25 @@ def content_summary(reports: dict, config, step: int) -> dict:
             "early_position": share_below(reports, False, 0.0, step, 2),
             "cliff_plain": sum(f.startswith("cliff") for f in fallen) / max(len(fallen), 1),
             "gradual_decayed": falls_top.count("gradual") / len(falls_top)}
+
+
+def alias_cliff_shares(reports: dict, keys, step: int) -> tuple[float, float, int]:
+    """Of the heads of ``keys`` at ``step`` that fall, the share with a cliff at their own predicted alias, and the
+    same share with every head given another head's alias (the aliases of each cell rolled by one head: a
+    null that keeps how often aliases sit on the grid and where, but not which head has which).
+
+    Returns:
+        ``(share, null share, heads that fall)``; NaN shares when none falls.
+
+    Source: chapter 5b, "The phase diagram".
+    """
+    own, null = [], []
+    for key in keys:
+        rep = reports[(*key, step)]
+        fallen = [i for i, f in enumerate(rep["falls"]) if f not in ("holds", "not fitted")]
+        rolled = rep["alias_lengths"][-1:] + rep["alias_lengths"][:-1]
+        swapped = classify_falls(rep["accuracy"], rep["lengths"], rolled, chance=1 / 16)
+        own += [rep["falls"][i] == "cliff at alias" for i in fallen]
+        null += [swapped[i] == "cliff at alias" for i in fallen]
+    nan = float("nan")
+    return (float(np.mean(own)) if own else nan, float(np.mean(null)) if null else nan, len(own))
