@@ -25,6 +25,8 @@ from .tables import Table
 FALLS = ("not fitted", "holds", "cliff at alias", "cliff elsewhere", "gradual")
 """How a head's accuracy falls on the fine grid, the classes of :func:`classify_falls` (in the diagram's order)."""
 FALL_COLORS = ("#bdbdbd", "#2ca02c", "#d62728", "#ff7f0e", "#1f77b4")
+FALL_KEYS = ("none", "holds", "alias", "cliff", "gradual")
+"""The colour key's short names of :data:`FALLS` (five fit side by side under a phone's column, unrotated)."""
 FIT_LEVEL = 0.9
 """Accuracy at the training length (and the level every rule here predicts) at which a head counts as fitted."""
 CLIFF_WIDTH = 0.55
@@ -245,7 +247,7 @@ def phase_panel(reports: dict, config, step: int, title: str) -> go.Figure:
     for i, c in enumerate(FALL_COLORS):
         scale += [[i / n, c], [(i + 1) / n, c]]
     return _map_heatmap(z, [f"{w:g}" for w in wds], [r[2] for r in rows], text, title, FIGURE_HEIGHT + 40,
-                        dict(tickvals=list(range(n)), ticktext=list(FALLS), tickfont=dict(size=10)),
+                        dict(tickvals=list(range(n)), ticktext=list(FALL_KEYS), tickfont=dict(size=10)),
                         customdata=hover, hovertemplate="%{customdata}<extra></extra>", colorscale=scale,
                         zmin=-0.5, zmax=n - 0.5)
 
