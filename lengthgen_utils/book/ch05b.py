@@ -111,7 +111,7 @@ def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dic
         a dict: per head ``falls`` (:func:`classify_falls`), ``alias_lengths`` (the first length holding the
         predicted alias, or None; always None for content heads), ``accuracy``, ``target_mass`` and ``vote_accuracy``
         ``[M, n]``, ``p_star`` ``[M]``; and, for position-only heads, per fitted head ``top2``, ``align``,
-        ``margin``, the law's ``r2`` and ``law_half`` (the first length at which the law's target mass is
+        ``margin``, the untrained heads' median top-2 share ``null_top2``, the law's ``r2`` and ``law_half`` (the first length at which the law's target mass is
         below 1/2, or None up to the longest length), and the cell's ``top2_auc`` and ``align_auc`` against
         ``null`` (NaN when no
         head fitted).
@@ -150,6 +150,7 @@ def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dic
     half = [torch.nonzero(row > 1.0).flatten() for row in law["law"]]  # 1/p - 1 > 1: the law's p below 1/2
     rep.update(top2=m.top2_kept, align=m.alignment_variation, margin=margin, r2=law["r2"],
                law_half=[train_len + int(h[0]) if h.numel() else None for h in half],
+               null_top2=float(null.top2_kept.median()),
                top2_auc=separation_auc(m.top2_kept, null.top2_kept),
                align_auc=separation_auc(m.alignment_variation, null.alignment_variation))
     return rep
@@ -175,6 +176,12 @@ def map_reports(results: dict, config, n_vote: int = 256) -> dict:
             reports[(content, base, wd, step)] = cell_report(at_step, None if content else nulls[base],
                                                              runs.lengths, content, n_vote)
     return reports
+
+
+def _counts(falls) -> str:
+    """``"holds 7, gradual 12"``: each class of :data:`FALLS` present in ``falls`` with its count, in that order."""
+    falls = list(falls)
+    return ", ".join(f"{c} {falls.count(c)}" for c in FALLS if falls.count(c))
 
 
 def outcome(falls) -> str:
@@ -205,7 +212,7 @@ def _at_16x(rep: dict) -> float:
 
 def _hover(rep: dict, base: float, wd: float) -> str:
     falls = rep["falls"]
-    counts = ", ".join(f"{c} {falls.count(c)}" for c in FALLS if falls.count(c))
+    counts = _counts(falls)
     head = "content head" if rep["content"] else "position-only head"
     lines = [f"{head}, base {base:g}, weight decay {wd:g}", counts,
              f"fitted {int(rep['fitted'].sum())}/{len(falls)}, accuracy at 16x {_at_16x(rep):.2f}"]
@@ -307,7 +314,7 @@ def regimes_table(reports: dict, config, step: int) -> Table:
         falls = rep["falls"]
         row = {"head": "content" if content else "position", "base": f"{base:g}", "λ": f"{wd:g}",
                "fitted": f"{int(rep['fitted'].sum())}/{len(falls)}",
-               "how accuracy falls": ", ".join(f"{c} {falls.count(c)}" for c in FALLS if falls.count(c))}
+               "how accuracy falls": _counts(falls)}
         if not content and len(rep["top2"]):
             row.update({"top-2 (AUC)": f"{float(rep['top2'].median()):.2f} ({rep['top2_auc']:.2f})",
                         "margin (nats)": f"{float(rep['margin'].min()):.1f}..{float(rep['margin'].max()):.1f}",
@@ -390,14 +397,6 @@ def predictor_table(scores: dict) -> Table:
                  "snapshot of the map (0.5: no better than a constant; 1: always right)")
 
 
-def _heads(reports: dict, keys, step: int):
-    """(report, head index) of every head of the cells ``keys`` (``(content, base, weight_decay)``) at ``step``."""
-    for key in keys:
-        rep = reports[(*key, step)]
-        for i in range(len(rep["falls"])):
-            yield rep, i
-
-
 def lawful_share(reports: dict, keys, step: int, falls=None) -> float:
     """The share of fitted position-only heads of ``keys`` at ``step`` whose law's R² is at least 0.9.
 
@@ -471,9 +470,8 @@ def share_below(reports: dict, content: bool, weight_decay: float, step: int, mu
 
 def count_falls(reports: dict, content: bool, weight_decay: float, step: int) -> str:
     """``"holds 20, gradual 12"``: how the heads of every base (``content``, ``weight_decay``, ``step``) fall."""
-    falls = [f for (c, _, w, s), rep in reports.items() if c == content and w == weight_decay and s == step
-             for f in rep["falls"]]
-    return ", ".join(f"{c} {falls.count(c)}" for c in FALLS if falls.count(c))
+    return _counts(f for (c, _, w, s), rep in reports.items() if c == content and w == weight_decay and s == step
+                   for f in rep["falls"])
 
 
 def content_summary(reports: dict, config, step: int) -> dict:

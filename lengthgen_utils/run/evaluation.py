@@ -301,7 +301,7 @@ def attention_vote(model, task, lengths, n_samples: int = 512, seed: int = 4321,
     mass = torch.zeros(m, len(lengths), dtype=torch.float64)
     vote = torch.zeros(m, len(lengths), dtype=torch.float64)
     gen = generator(seed)
-    with model_threads(model, None):
+    with _threads(model, None):
         for col, seq_len in enumerate(lengths):
             for start in range(0, n_samples, batch_size):
                 tokens, _ = tasks[0]._draw(min(batch_size, n_samples - start), seq_len, gen, model.device)
