@@ -13,6 +13,7 @@ from ..analysis.kernel import carrier_spectrum, first_alias, mean_distractor_wei
 from ..analysis.theory import critical_target_mass, exact_target_mass, long_run_slope, mean_field_parameters
 from ..run.configs import margin_sweep, rope_base_experiment
 from ..run.evaluation import accuracy_by_length
+from ..run.parallel import parallel_map
 from ..run.runners import run_offset_sweep, run_snapshots
 from .ch04 import _int_or_none
 from .figures import _log_x_marker
@@ -189,18 +190,28 @@ def margin_regimes(profile, book, offsets, tasks, lengths, n_samples: int) -> di
     Source: chapter 5, "Heads with large and small margins".
     """
     n_samples = check_int("n_samples", n_samples, minimum=1)
-    heads = {"book recipe": (book.model, book.offsets,
-                             accuracy_by_length(book.model, tasks, lengths, n_samples=n_samples))}
+
+    def measured(model, offsets_of):  # one regime's heads, measured at ``lengths``
+        return (model, offsets_of, accuracy_by_length(model, tasks, lengths, n_samples=n_samples))
+
+    jobs = [("book recipe", lambda: {"book recipe": measured(book.model, book.offsets)})]
     for control in profile.margin_controls:
         if control == "base":
             for b in profile.rope_bases:
-                run = run_offset_sweep(rope_base_experiment(profile, b), offsets=offsets)  # chapter 4's heads
-                heads[f"base {b:g}"] = (run.model, run.offsets,
-                                        accuracy_by_length(run.model, tasks, lengths, n_samples=n_samples))
+                def base_job(b=b):
+                    run = run_offset_sweep(rope_base_experiment(profile, b), offsets=offsets)  # chapter 4's heads
+                    return {f"base {b:g}": measured(run.model, run.offsets)}
+                jobs.append((f"base {b:g}", base_job))
             continue
-        snap = run_snapshots(margin_sweep(profile, control, offsets))
-        for step, at_step in snap.by("step").items():
-            heads[f"{control}, step {step}"] = (at_step.model, at_step.offsets, at_step.accuracy)
+
+        def snapshot_job(control=control):
+            snap = run_snapshots(margin_sweep(profile, control, offsets))
+            return {f"{control}, step {step}": (at_step.model, at_step.offsets, at_step.accuracy)
+                    for step, at_step in snap.by("step").items()}
+        jobs.append((control, snapshot_job))
+    heads = {}
+    for part in parallel_map(lambda job: job[1](), jobs):  # independent: up to one per CPU core at once
+        heads |= part
     return heads
 
 

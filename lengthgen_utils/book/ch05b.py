@@ -15,6 +15,7 @@ from ..analysis.probes import accuracy_transition
 from ..analysis.theory import balanced_agreement, critical_target_mass, mean_field_parameters, separation_auc
 from ..core.tasks import FixedOffsetRetrieval
 from ..run.evaluation import attention_vote
+from ..run.parallel import parallel_map
 from ..run.runners import untrained_heads
 from .ch04 import first_length_holding
 from .ch05 import drop_near_alias
@@ -169,13 +170,16 @@ def map_reports(results: dict, config, n_vote: int = 256) -> dict:
 
     Source: chapter 5b.
     """
-    nulls = {b: untrained_measures(config, b) for b in config.bases}
-    reports = {}
-    for (content, base, wd), runs in results.items():
-        for step, at_step in runs.by("step").items():
-            reports[(content, base, wd, step)] = cell_report(at_step, None if content else nulls[base],
-                                                             runs.lengths, content, n_vote)
-    return reports
+    # every null and every report is independent of the others: up to one per CPU core at once
+    nulls = dict(zip(config.bases, parallel_map(lambda b: untrained_measures(config, b), config.bases)))
+    jobs = [((content, base, wd, step), at_step, runs.lengths)
+            for (content, base, wd), runs in results.items() for step, at_step in runs.by("step").items()]
+
+    def report(job):
+        (content, base, _, _), at_step, lengths = job
+        return cell_report(at_step, None if content else nulls[base], lengths, content, n_vote)
+
+    return dict(zip([key for key, _, _ in jobs], parallel_map(report, jobs)))
 
 
 def _counts(falls) -> str:

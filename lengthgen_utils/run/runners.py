@@ -26,6 +26,7 @@ from .cache import load_or_run
 from .configs import (KernelHeadConfig, RecurrentExperiment, RegimeMap, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
                       TransformerExperiment, transformer_experiment)
 from .evaluation import accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position
+from .parallel import parallel_map, parallel_workers
 from .profiles import Profile
 from .results import Ensemble, Runs
 from .training import default_cpu_threads, train, train_sequence, train_squared_loss
@@ -117,7 +118,9 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
         device: where to train (default :func:`~lengthgen_utils.run.training.default_device`).
         cache: see :func:`~lengthgen_utils.run.cache.load_or_run`; each ensemble is its own entry.
         progress: show a progress bar per ensemble's training.
-        on_ensemble: called as ``on_ensemble(pe, attention, status, seconds)`` after each ensemble.
+        on_ensemble: called as ``on_ensemble(pe, attention, status, seconds)`` after each ensemble, from the
+            thread that ran it (the ensembles run up to one per CPU core at once, :mod:`~lengthgen_utils.run.parallel`;
+            with ``progress``, one at a time).
 
     Returns:
         a :class:`~lengthgen_utils.run.results.Runs`: one member per (encoding, attention, offset, seed), one
@@ -127,35 +130,42 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
     device = _device(device)
     lengths = sweep.eval_lengths
     tasks, seeds = sweep.tasks, sweep.seeds
+
+    def build(pe, attention):
+        return _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
+
+    def run_one(pair):
+        pe, attention = pair
+        start = time.perf_counter()
+
+        def compute():
+            model = build(pe, attention)
+            loss = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
+                         train_len=sweep.train_len, fixed_length=sweep.fixed_length,
+                         weight_decay=sweep.weight_decay, seed=sweep.data_seed, device=device,
+                         min_train_len=sweep.shortest_train_len, progress=progress)
+            acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
+            return _model_payload(model, loss, lengths, acc)
+
+        payload, status = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache, device=device,
+                                      threads=default_cpu_threads("single-head"))
+        seconds = time.perf_counter() - start
+        if on_ensemble is not None:
+            on_ensemble(pe, attention, status, seconds)
+        return payload, status, seconds
+
+    pairs = [(pe, attention) for pe in sweep.pes for attention in sweep.attentions]
+    # the ensembles are independent: up to one per CPU core at once (progress bars: one at a time)
+    done = parallel_map(run_one, pairs, workers=1 if progress else parallel_workers(device))
     members, ensembles, accuracy, history, status, seconds = [], [], [], [], {}, {}
-    for pe in sweep.pes:
-        for attention in sweep.attentions:
-            start = time.perf_counter()
-
-            def build(pe=pe, attention=attention):
-                return _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
-
-            def compute():
-                model = build()
-                loss = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
-                             train_len=sweep.train_len, fixed_length=sweep.fixed_length,
-                             weight_decay=sweep.weight_decay, seed=sweep.data_seed, device=device,
-                             min_train_len=sweep.shortest_train_len, progress=progress)
-                acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
-                return _model_payload(model, loss, lengths, acc)
-
-            payload, status[(pe, attention)] = load_or_run(sweep.ensemble(pe, attention), compute, cache=cache,
-                                                           device=device, threads=default_cpu_threads("single-head"))
-            model = build()
-            model.load_state_dict(payload["state_dict"])
-            ensembles.append(Ensemble(model.to(device).eval(), list(range(len(members), len(members) + len(tasks))),
-                                      build))
-            members += _members(pe, attention, tasks, seeds)
-            accuracy.append(payload["accuracy"])
-            history.append(payload["loss_history"])
-            seconds[(pe, attention)] = time.perf_counter() - start
-            if on_ensemble is not None:
-                on_ensemble(pe, attention, status[(pe, attention)], seconds[(pe, attention)])
+    for (pe, attention), (payload, status[(pe, attention)], seconds[(pe, attention)]) in zip(pairs, done):
+        model = build(pe, attention)
+        model.load_state_dict(payload["state_dict"])
+        ensembles.append(Ensemble(model.to(device).eval(), list(range(len(members), len(members) + len(tasks))),
+                                  lambda pe=pe, attention=attention: build(pe, attention)))
+        members += _members(pe, attention, tasks, seeds)
+        accuracy.append(payload["accuracy"])
+        history.append(payload["loss_history"])
     return Runs(sweep, members, list(lengths), torch.cat(accuracy), ensembles, torch.cat(history, 1),
                 extra={"seconds": seconds}, cache=status)
 
@@ -501,5 +511,38 @@ def run_regime_map(config: RegimeMap, device=None, cache=True) -> dict:
     """
     if not isinstance(config, RegimeMap):
         raise TypeError(f"config must be a RegimeMap; got {type(config).__name__}")
-    return {(content, base, wd): run_snapshots(config.cell(base, wd, content), device=device, cache=cache)
-            for content, base, wd in config.cells}
+    cells = list(config.cells)
+    done = parallel_map(lambda cell: run_snapshots(config.cell(cell[1], cell[2], cell[0]), device=device, cache=cache),
+                        cells, workers=parallel_workers(device))  # the cells are independent: one per core
+    return dict(zip(cells, done))
+
+
+def run_many(runner: Callable, experiments: dict, device=None, cache=True, **kwargs) -> dict:
+    """``{name: runner(exp, ...)}`` for independent single-head experiments, up to one per CPU core at once.
+
+    A single head trains on one CPU thread, so on a 2-core machine two ensembles train in the time of
+    one (:func:`~lengthgen_utils.run.parallel.parallel_map`); each result, and each cache entry, is the
+    one a loop of ``runner`` calls gives, bit for bit.
+
+    Args:
+        runner: a single-head runner (:func:`run_retrieval`, :func:`run_offset_sweep`, :func:`run_sweep`,
+            :func:`run_snapshots`, :func:`run_recurrent`, :func:`run_kernel_head`), or any function of one
+            configuration that trains single heads.
+        experiments: ``{name: configuration}``.
+        device, cache: passed to every call.
+        **kwargs: passed to every call (e.g. ``offsets=`` of :func:`run_offset_sweep`).
+
+    Returns:
+        ``{name: Runs}`` in the order of ``experiments``.
+
+    Raises:
+        TypeError: ``runner`` is not callable or ``experiments`` is not a dict.
+        RuntimeError: the runner trains a transformer (two threads per model): call it outside.
+    """
+    if not callable(runner):
+        raise TypeError(f"runner must be callable; got {type(runner).__name__}")
+    if not isinstance(experiments, dict):
+        raise TypeError(f"experiments must be a dict {{name: configuration}}; got {type(experiments).__name__}")
+    done = parallel_map(lambda exp: runner(exp, device=device, cache=cache, **kwargs), experiments.values(),
+                        workers=parallel_workers(device))
+    return dict(zip(experiments, done))

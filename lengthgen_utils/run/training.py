@@ -8,6 +8,7 @@ scale, no global gradient clipping).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
 
@@ -77,6 +78,11 @@ The thread count changes float rounding (a reduction split in two sums in anothe
 """
 
 
+_WORKER = threading.local()
+"""``active`` is true in a thread of :func:`~lengthgen_utils.run.parallel.parallel_map`: there, every
+computation runs on the one intra-op thread the map pinned, and :func:`cpu_threads` refuses another count."""
+
+
 def thread_path(model) -> str:
     """The key of :data:`CPU_THREADS` that applies to ``model``: ``"transformer"`` (either transformer: the fast
     one is a subclass of the readable one) or ``"single-head"``."""
@@ -124,12 +130,20 @@ def cpu_threads(n: int | None):
     """Run the block with ``torch.set_num_threads(n)``, restoring the previous count afterwards.
 
     ``n=None`` leaves the setting alone.
+
+    Raises:
+        TypeError / ValueError: ``n`` is not an int >= 1.
+        RuntimeError: inside :func:`~lengthgen_utils.run.parallel.parallel_map`, ``n`` differs from the
+            one thread the map pinned (another computation runs beside this one on the same setting).
     """
     if n is None:
         yield
         return
     n = check_int("num_threads", n, minimum=1)
     previous = torch.get_num_threads()
+    if getattr(_WORKER, "active", False) and n != previous:
+        raise RuntimeError(f"a computation inside parallel_map asked for {n} intra-op threads; the map runs "
+                           f"one-thread computations only (the single head): run this one outside it")
     if n != previous:
         torch.set_num_threads(n)
     try:

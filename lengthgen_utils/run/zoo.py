@@ -20,6 +20,7 @@ from ..core.encodings import (ALiBi, Encoding, LearnedAPE, NoPE, NoPEBOS, Random
 from .cache import load_or_run
 from .configs import RetrievalExperiment, TransformerExperiment, transformer_experiment
 from .evaluation import accuracy_by_length, token_accuracy_by_position
+from .parallel import parallel_map, parallel_workers
 from .profiles import Profile
 from .results import Ensemble, Runs
 from .runners import build_model, build_transformer, run_retrieval, run_transformer, transformer_runs
@@ -131,11 +132,15 @@ def run_retrieval_zoo(profile: Profile, offset: int = 3, encodings=None, device=
     encodings = zoo_encodings(base.train_len) if encodings is None else tuple(get_encoding(e) for e in encodings)
     out = {}
     control = control_encoding(base.train_len)
-    for pe in encodings:
+
+    def trained(pe):
         exp = replace(base, pe=get_encoding(pe).for_training())
         if pe == control:
             exp = replace(exp, n_seeds=max(exp.n_seeds, CONTROL_SEEDS))
-        result = run_retrieval(exp, device=device, cache=cache)
+        return exp, run_retrieval(exp, device=device, cache=cache)
+
+    # the ensembles are independent: up to one per CPU core at once (run.parallel)
+    for pe, (exp, result) in zip(encodings, parallel_map(trained, encodings, workers=parallel_workers(device))):
         if pe != exp.pe:
             model, payload = _test_time(
                 result.model, pe, exp, lambda e: build_model(replace(exp, pe=e)),
