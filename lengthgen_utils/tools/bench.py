@@ -53,12 +53,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validate import check_device
+from .._validate import check_device, check_int
 from ..core.fast import FastTransformer
 from ..core.models import RetrievalHead, Transformer
 from ..core.rope import rope_inverse_frequencies
 from ..core.tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
-from ..run.configs import RetrievalSweep
+from ..run.configs import RetrievalExperiment, RetrievalSweep
 from ..run.profiles import get_profile
 from ..run.runners import run_sweep
 from ..run.training import cpu_threads, train, train_sequence
@@ -452,6 +452,36 @@ def sweep_measurement(profile_name: str, device: torch.device) -> dict:
     return json.loads(line[len("SWEEP-JSON "):])
 
 
+def parallel_comparison(steps: int) -> tuple[float, float]:
+    """Seconds to train two 8-head RoPE ensembles (chapter 1's recipe, ``steps`` steps each) one after the
+    other, and side by side with :func:`~lengthgen_utils.run.parallel.parallel_map` (two workers), in one run.
+
+    Returns:
+        ``(one after the other, side by side)`` in seconds; the second pass's models equal the first's bit for bit
+        (``AssertionError`` otherwise).
+    """
+    from ..run.parallel import parallel_map
+    from ..run.runners import build_model
+
+    steps = check_int("steps", steps, minimum=1)
+    exps = [RetrievalExperiment(pe="rope", offset=k, n_seeds=8, steps=steps) for k in (1, 3)]
+
+    def one(exp):
+        model = build_model(exp)
+        train(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr, train_len=exp.train_len,
+              seed=exp.data_seed, device="cpu")
+        return model
+
+    start = time.perf_counter()
+    serial = [one(exp) for exp in exps]
+    middle = time.perf_counter()
+    side = parallel_map(one, exps, workers=2)
+    end = time.perf_counter()
+    for a, b in zip(serial, side):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    return middle - start, end - middle
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lengthgen_utils.tools.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 128], help="ensemble sizes")
@@ -461,6 +491,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", default="default", help="profile of the timed sweep (quick|default|full|none)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
     parser.add_argument("--no-thread-comparison", action="store_true", help="skip the two-thread measurement")
+    parser.add_argument("--no-parallel", action="store_true", help="skip the side-by-side ensembles (2b)")
+    parser.add_argument("--parallel-steps", type=int, default=500, help="training steps of each ensemble in 2b")
     parser.add_argument("--tf-sizes", type=int, nargs="+", default=[1, 3, 9, 27],
                         help="transformer ensemble sizes (section 5); none skips it")
     parser.add_argument("--tf-threads", type=int, nargs="+", default=[1, 2], help="thread counts of section 5")
@@ -508,6 +540,12 @@ def main(argv=None) -> int:
         r32 = next((r for r in rows if r["models"] == 32), None)
         print(f"\n2. two intra-op threads, 32 models ({steps2} steps): batched {b2:.0f}, sequential {s2:.0f} "
               f"model-steps/s" + (f" (one thread: {r32['batched']:.0f} and {r32['sequential']:.0f})" if r32 else ""))
+
+    if device.type == "cpu" and (os.cpu_count() or 1) >= 2 and not args.no_parallel:
+        serial, side_by_side = parallel_comparison(args.parallel_steps)
+        print(f"\n2b. two RoPE ensembles of 8 heads ({args.parallel_steps} steps each), one after the other and "
+              f"side by side (run.parallel.parallel_map, one thread each): {serial:.2f} s and {side_by_side:.2f} s, "
+              f"{serial / side_by_side:.2f}x")
 
     if args.sweep != "none":
         m = sweep_measurement(args.sweep, device)
