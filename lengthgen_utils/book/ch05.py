@@ -194,23 +194,23 @@ def margin_regimes(profile, book, offsets, tasks, lengths, n_samples: int) -> di
     def measured(model, offsets_of):  # one regime's heads, measured at ``lengths``
         return (model, offsets_of, accuracy_by_length(model, tasks, lengths, n_samples=n_samples))
 
-    jobs = [("book recipe", lambda: {"book recipe": measured(book.model, book.offsets)})]
+    jobs = [lambda: {"book recipe": measured(book.model, book.offsets)}]
     for control in profile.margin_controls:
         if control == "base":
             for b in profile.rope_bases:
                 def base_job(b=b):
                     run = run_offset_sweep(rope_base_experiment(profile, b), offsets=offsets)  # chapter 4's heads
                     return {f"base {b:g}": measured(run.model, run.offsets)}
-                jobs.append((f"base {b:g}", base_job))
+                jobs.append(base_job)
             continue
 
         def snapshot_job(control=control):
             snap = run_snapshots(margin_sweep(profile, control, offsets))
             return {f"{control}, step {step}": (at_step.model, at_step.offsets, at_step.accuracy)
                     for step, at_step in snap.by("step").items()}
-        jobs.append((control, snapshot_job))
+        jobs.append(snapshot_job)
     heads = {}
-    for part in parallel_map(lambda job: job[1](), jobs):  # independent: up to one per CPU core at once
+    for part in parallel_map(lambda job: job(), jobs):  # independent: up to one per CPU core at once
         heads |= part
     return heads
 

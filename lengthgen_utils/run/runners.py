@@ -511,17 +511,20 @@ def run_regime_map(config: RegimeMap, device=None, cache=True) -> dict:
     """
     if not isinstance(config, RegimeMap):
         raise TypeError(f"config must be a RegimeMap; got {type(config).__name__}")
-    cells = list(config.cells)
-    done = parallel_map(lambda cell: run_snapshots(config.cell(cell[1], cell[2], cell[0]), device=device, cache=cache),
-                        cells, workers=parallel_workers(device))  # the cells are independent: one per core
-    return dict(zip(cells, done))
+    def train_cell(cell):
+        content, base, weight_decay = cell
+        return run_snapshots(config.cell(base, weight_decay, content), device=device, cache=cache)
+
+    cells = config.cells  # independent: up to one per CPU core at once
+    return dict(zip(cells, parallel_map(train_cell, cells, workers=parallel_workers(device))))
 
 
 def run_many(runner: Callable, experiments: dict, device=None, cache=True, **kwargs) -> dict:
     """``{name: runner(exp, ...)}`` for independent single-head experiments, up to one per CPU core at once.
 
-    A single head trains on one CPU thread, so on a 2-core machine two ensembles train in the time of
-    one (:func:`~lengthgen_utils.run.parallel.parallel_map`); each result, and each cache entry, is the
+    A single head trains on one CPU thread, so on a 2-core machine two ensembles train at once
+    (:func:`~lengthgen_utils.run.parallel.parallel_map`; 1.1x to 1.9x faster than one after the other
+    on the book's machine, ``running.md``); each result, and each cache entry, is the
     one a loop of ``runner`` calls gives, bit for bit.
 
     Args:
