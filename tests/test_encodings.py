@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.book import figures
 from lengthgen_utils.run.configs import RetrievalExperiment, TransformerExperiment
 from lengthgen_utils.core.models import RetrievalHead, Transformer
@@ -202,7 +203,7 @@ def test_sinusoidal_encoding_is_fixed_through_training_and_limited_to_its_table(
 
     model = RetrievalHead(pe="sinusoidal", n_models=2, max_len=40)
     expected = sinusoidal_table(torch.arange(40), 32).float()
-    train(model, FixedOffsetRetrieval(16, 3), steps=5, batch_size=8, device="cpu", lr=0.1)
+    train(model, FixedOffsetRetrieval(16, 3), OptimizerSettings(lr=0.1), steps=5, batch_size=8, device="cpu")
     for i in range(2):
         assert torch.equal(model.pe_params["sinusoid"][i], expected)  # never moved by the optimiser
     with pytest.raises(ValueError, match="rows"):
@@ -319,8 +320,8 @@ def test_training_loops_place_batches_at_the_encodings_training_positions():
         assert bool((drift[12:48] > 0).all()) == moved and (drift[48:] == 0).all()
         net = Transformer(16, 2, 2, 16, pe, max_len=64, n_models=1)
         before = net.pe_params["table"].detach().clone()
-        train_sequence(net, DelayedCopy(16, 2), steps=60, batch_size=4, train_len=12, device="cpu",
-                       weight_decay=0.0)  # decoupled decay would move every row
+        train_sequence(net, DelayedCopy(16, 2), OptimizerSettings(lr=1e-3), steps=60, batch_size=4, train_len=12,
+                       device="cpu")  # decoupled decay would move every row
         drift = (net.pe_params["table"].detach() - before).abs().amax(-1)[0]
         assert bool((drift[12:48] > 0).all()) == moved and (drift[48:] == 0).all()
 

@@ -18,6 +18,7 @@ gap is rounding, not another function.
 import pytest
 import torch
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.core.attention import SHORT_SEQUENCE
 from lengthgen_utils.core.encodings import RandomizedPositions, RoPE, RotaryFrequencies, encoding_names, get_encoding
 from lengthgen_utils.core.fast import FastTransformer
@@ -152,7 +153,8 @@ def test_training_a_few_steps_gives_the_same_losses(pe):
     entry whose gradient is mostly rounding noise moves by up to the learning rate, differently in each model,
     and the gap grows with the steps and the rate (7e-5 after 10 steps at lr 1e-2 with the T5 bias). Here it
     was at most 5e-7 (two float32 epsilon of a loss near ln 16); 5e-6 leaves 10x headroom."""
-    kwargs = dict(steps=6, batch_size=8, lr=1e-3, weight_decay=0.05, train_len=16, device="cpu")
+    kwargs = dict(optimizer=OptimizerSettings("adamw", lr=1e-3, weight_decay=0.05), steps=6, batch_size=8, train_len=16,
+                  device="cpu")
     readable = Transformer(**SIZES, pe=pe, n_models=2, seeds=[3, 4])
     fast = FastTransformer(**SIZES, pe=pe, n_models=2, seeds=[3, 4])
     ours, theirs = train_sequence(readable, DelayedCopy(16, 3), **kwargs), train_sequence(fast, DelayedCopy(16, 3),

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.evaluation import accuracy_by_length
 from lengthgen_utils.core.models import RetrievalHead
@@ -317,7 +318,7 @@ def test_train_rejects_bad_arguments():
     with pytest.raises(ValueError, match="steps"):
         train(model, task, steps=0)
     with pytest.raises(ValueError, match="lr"):
-        train(model, task, steps=1, lr=-1.0)
+        train(model, task, OptimizerSettings(lr=-1.0), steps=1)
     with pytest.raises(ValueError, match="offset"):
         train(model, task, steps=1, train_len=4)
     with pytest.raises(ValueError, match="vocab_size"):

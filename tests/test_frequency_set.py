@@ -263,7 +263,7 @@ def test_a_snapshot_equals_the_ensemble_trained_for_that_many_steps():
     sweep = small_sweep()
     result = run_snapshots(SnapshotSweep(sweep, (5, 12), (16, 20, 32), eval_samples=16), cache=False, device="cpu")
     alone = RetrievalHead(n_models=4, seeds=sweep.seeds, max_len=sweep.table_len)
-    train(alone, sweep.tasks, steps=5, batch_size=8, lr=sweep.lr, train_len=16, seed=0, device="cpu",
+    train(alone, sweep.tasks, sweep.optimizer_settings, steps=5, batch_size=8, train_len=16, seed=0, device="cpu",
           min_train_len=sweep.shortest_train_len)
     for name, p in alone.named_parameters():
         torch.testing.assert_close(dict(result.where(step=5).model.named_parameters())[name], p)

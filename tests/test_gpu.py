@@ -18,6 +18,7 @@ import os
 import pytest
 import torch
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.run import cache as lg_cache
 from lengthgen_utils.run import configs, runners
 from lengthgen_utils.run.cache import cache_description
@@ -69,7 +70,8 @@ def test_kernel_head_per_model_streams_train_alike_on_both_devices():
     cs = {}
     for device in ("cpu", DEVICE):
         model = KernelHead(n_models=3)
-        train_squared_loss(model, TASK, steps=50, batch_size=32, lr=0.01, seed=[0, 1, 2], device=device)
+        train_squared_loss(model, TASK, OptimizerSettings("sgd", lr=0.01), steps=50, batch_size=32, seed=[0, 1, 2],
+                           device=device)
         cs[device] = model.c
     _close(cs[DEVICE], cs["cpu"], rtol=1e-4, atol=1e-6)
 
@@ -81,7 +83,7 @@ def test_transformer_trains_alike_on_both_devices(pe, cls):
     runs = {}
     for device in ("cpu", DEVICE):
         model = cls(8, 2, 2, 32, pe, max_len=64, n_models=2)
-        history = train_sequence(model, task, steps=30, batch_size=16, lr=3e-3, train_len=16, device=device,
+        history = train_sequence(model, task, OptimizerSettings("adamw", lr=3e-3, weight_decay=0.05), steps=30, batch_size=16, train_len=16, device=device,
                                  progress=False)
         acc, _ = token_accuracy_by_position(model, task, 32, n_samples=64)
         runs[device] = (history, acc)

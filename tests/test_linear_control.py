@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.analysis import theory as th
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.evaluation import squared_error_by_length
@@ -17,6 +18,7 @@ from lengthgen_utils.core.tasks import FixedOffsetRetrieval
 from lengthgen_utils.run.training import train_squared_loss
 
 TASK = FixedOffsetRetrieval(16, 3)
+SGD_01 = OptimizerSettings("sgd", lr=0.01)
 SPREAD_FREQUENCIES = tuple(float(x) for x in torch.linspace(0.3, 3.0, 8).tolist())
 """Eight frequencies spread over [0.3, 3.0] rad/token: a non-RoPE set whose features are well
 conditioned on 15 training offsets, for the exact min-norm test."""
@@ -87,7 +89,7 @@ def test_query_output_is_causal_and_finite(head):
 def test_kernel_head_query_value_is_zero_and_gradient_stays_in_the_row_space():
     model = KernelHead()
     assert torch.equal(model.c, torch.zeros(1, 16))
-    history = train_squared_loss(model, TASK, steps=3, batch_size=64, lr=0.01, seed=0, device="cpu")
+    history = train_squared_loss(model, TASK, SGD_01, steps=3, batch_size=64, seed=0, device="cpu")
     assert history.shape == (3, 1)
     phi = rope_kernel_features(T, 16)
     c = model.c.detach().double()[0]
@@ -103,11 +105,11 @@ def test_per_model_seeds_train_each_model_exactly_as_alone():
     """One batched step for several data seeds: model i ends where it ends trained alone on seed[i]."""
     seeds = [3, 4, 5]
     together = KernelHead(n_models=3)
-    history = train_squared_loss(together, TASK, steps=25, batch_size=16, lr=0.01, seed=seeds, device="cpu")
+    history = train_squared_loss(together, TASK, SGD_01, steps=25, batch_size=16, seed=seeds, device="cpu")
     assert history.shape == (25, 3)
     for i, s in enumerate(seeds):
         alone = KernelHead()
-        alone_history = train_squared_loss(alone, TASK, steps=25, batch_size=16, lr=0.01, seed=s, device="cpu")
+        alone_history = train_squared_loss(alone, TASK, SGD_01, steps=25, batch_size=16, seed=s, device="cpu")
         torch.testing.assert_close(together.c[i], alone.c[0], rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(history[:, i], alone_history[:, 0], rtol=1e-5, atol=1e-7)
     # the streams differ: the models do not

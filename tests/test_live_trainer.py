@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 import torch
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.analysis import kernel, theory
 from lengthgen_utils.book import ch04, figures, live, render, sliders
 from lengthgen_utils.run.evaluation import accuracy_by_length
@@ -111,8 +112,8 @@ def _python_run(pe, steps, batch_size, weight_decay, vocab_size=16, train_len=16
 
     hook = model.register_forward_hook(record, with_kwargs=True)
     try:
-        train(model, task, steps=steps, batch_size=batch_size, lr=1e-2, train_len=train_len,
-              weight_decay=weight_decay, device="cpu")
+        train(model, task, OptimizerSettings(weight_decay=weight_decay), steps=steps, batch_size=batch_size,
+              train_len=train_len, device="cpu")
     finally:
         hook.remove()
     assert model.w_q.dtype == torch.float64 and len(losses) == steps
@@ -185,7 +186,7 @@ def _trained_heads():
     heads = {}
     for pe in ("rope", "ape"):
         model = RetrievalHead(pe=pe, max_len=256, n_models=2, seeds=[0, 1])
-        train(model, task, steps=500, batch_size=256, lr=1e-2, train_len=16, device="cpu")
+        train(model, task, steps=500, batch_size=256, train_len=16, device="cpu")
         heads[pe] = model.double()
     return task, heads
 

@@ -135,8 +135,8 @@ def test_training_leaves_unseen_rows_at_init_unless_weight_decay(weight_decay, u
     exp = RetrievalExperiment(pe="ape", n_seeds=2, steps=20, train_len=12, fixed_length=True,
                               weight_decay=weight_decay, length_multiples=(1, 2))
     model, initial = build_model(exp), build_model(exp)
-    train(model, exp.task, steps=exp.steps, batch_size=32, train_len=exp.train_len, fixed_length=True,
-          weight_decay=weight_decay, device="cpu")
+    train(model, exp.task, exp.optimizer_settings, steps=exp.steps, batch_size=32, train_len=exp.train_len,
+          fixed_length=True, device="cpu")
     drift = A.table_drift(model, initial)
     assert drift.shape == (2, 24)
     assert (drift[:, :12] > 0).all()

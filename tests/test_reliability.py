@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.core import attention, encodings, models, rope, tasks
 from lengthgen_utils.run import configs, evaluation, profiles, training
 from lengthgen_utils.book import figures, style
@@ -457,14 +458,16 @@ API = [
      dict(vocab_size="size", n_layers="size", n_heads="size", d_model="size", max_len="size", n_models="size",
           mlp_ratio="size", pe="name")),
     ("train", lambda **kw: training.train(_head(), TASK, device="cpu", **kw),
-     dict(steps=1, batch_size=2, lr=0.01, train_len=6, seed=0),
-     dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed")),
+     dict(steps=1, batch_size=2, train_len=6, seed=0),
+     dict(steps="size", batch_size="size", train_len="size", seed="seed")),
     ("train_squared_loss", lambda **kw: training.train_squared_loss(models.KernelHead(8, 8), TASK, device="cpu", **kw),
-     dict(steps=1, batch_size=2, lr=0.01, train_len=6, seed=0),
-     dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed_per_model")),
+     dict(steps=1, batch_size=2, train_len=6, seed=0),
+     dict(steps="size", batch_size="size", train_len="size", seed="seed_per_model")),
     ("train_sequence", lambda **kw: training.train_sequence(_transformer(), DelayedCopy(8, 2), device="cpu", **kw),
-     dict(steps=1, batch_size=2, lr=0.01, train_len=6, seed=0),
-     dict(steps="size", batch_size="size", lr="real", train_len="size", seed="seed")),
+     dict(steps=1, batch_size=2, train_len=6, seed=0),
+     dict(steps="size", batch_size="size", train_len="size", seed="seed")),
+    ("OptimizerSettings", OptimizerSettings, dict(name="sgd", lr=0.01, weight_decay=0.0, momentum=0.0),
+     dict(lr="real", weight_decay="real_or_zero", momentum="real_or_zero")),
     ("accuracy_by_length", lambda **kw: evaluation.accuracy_by_length(_head(), TASK, **kw),
      dict(lengths=[6], n_samples=4, seed=0, batch_size=4),
      dict(lengths="lengths", n_samples="size", seed="seed", batch_size="size")),

@@ -370,8 +370,10 @@ CONFIG_EXAMPLES = {
     "tasks.LaggedSum": lambda: tasks.LaggedSum(),
     "tasks.RunningParity": lambda: tasks.RunningParity(),
     "tasks.Copy": lambda: tasks.Copy(),
+    "optim.OptimizerSettings": lambda: __import__("lengthgen_utils.run.optim").run.optim.OptimizerSettings(),
 }
-NOT_CONFIGS = {"kernel.CarrierSpectrum", "kernel.CarrierMeasures", "kernel.CarrierFit"}  # measurements (tensors), never built from user values nor cached
+NOT_CONFIGS = {"kernel.CarrierSpectrum", "kernel.CarrierMeasures", "kernel.CarrierFit",
+               "optim.Rule"}  # optim.Rule: a registry entry made by register_optimizer, never from user values  # measurements (tensors), never built from user values nor cached
 
 
 def _list_inputs():

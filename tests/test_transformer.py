@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from lengthgen_utils.run.optim import OptimizerSettings
 from lengthgen_utils.core.attention import causal_attention
 from lengthgen_utils.run.configs import TransformerExperiment
 from lengthgen_utils.run.evaluation import split_accuracy, token_accuracy_by_position
@@ -169,7 +170,8 @@ def test_a_constant_predictor_scores_chance():
 def test_rope_transformer_learns_delayed_copy_and_its_copying_head_peaks_at_the_offset():
     task = DelayedCopy(8, 3)
     model = Transformer(8, 1, 2, 32, "rope", n_models=1)
-    train_sequence(model, task, steps=150, batch_size=32, lr=3e-3, train_len=16, device="cpu")
+    train_sequence(model, task, OptimizerSettings("adamw", lr=3e-3, weight_decay=0.05), steps=150, batch_size=32,
+                   train_len=16, device="cpu")
     acc, counts = token_accuracy_by_position(model, task, 32, n_samples=64)
     inside, outside = split_accuracy(acc, counts, 16)
     assert float(inside) > 0.9 and float(outside) > 0.9, (inside, outside)
@@ -298,7 +300,8 @@ def test_training_a_transformer_ensemble_equals_training_each_model_alone(pe, th
     """Model i of a trained ensemble is the model trained alone: losses within 1e-6 and parameters within
     1e-6 (relative) in float32, at 1 and 2 threads (on the machines we ran, they were bit-identical)."""
     task, seeds = DelayedCopy(16, 5), [3, 4, 5]
-    kwargs = dict(steps=6, batch_size=8, lr=3e-3, train_len=16, device="cpu", num_threads=threads)
+    kwargs = dict(optimizer=OptimizerSettings("adamw", lr=3e-3, weight_decay=0.05), steps=6, batch_size=8, train_len=16,
+                  device="cpu", num_threads=threads)
     ensemble = cls(16, 2, 4, 32, pe, max_len=32, n_models=3, seeds=seeds)
     history = train_sequence(ensemble, task, **kwargs)
     for i, seed in enumerate(seeds):

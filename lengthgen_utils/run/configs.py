@@ -20,6 +20,7 @@ from ..core.attention import check_attention
 from ..core.encodings import Encoding, RoPE, get_encoding
 from ..core.models import check_transition
 from ..core.tasks import QUERY_TASKS, DelayedCopy, Task, query_task
+from .optim import OptimizerSettings
 from .profiles import Profile
 
 
@@ -30,7 +31,8 @@ class TrainingSettings:
     Fields:
         n_seeds: models in the ensemble (initialisation seeds ``0 .. n_seeds-1``).
         steps, batch_size: training steps and sequences per step.
-        lr, weight_decay: AdamW settings.
+        optimizer, lr, weight_decay, momentum: the optimiser (:class:`~lengthgen_utils.run.optim.OptimizerSettings`:
+            ``"adamw"``, ``"sgd"`` or ``"sign"``; the book's recipe is plain Adam, ``"adamw"`` with no decay).
         eval_samples: fresh sequences per evaluation length.
         data_seed: seed of the training stream.
     """
@@ -42,6 +44,8 @@ class TrainingSettings:
     weight_decay: float = 0.0
     eval_samples: int = 512
     data_seed: int = 0
+    optimizer: str = "adamw"
+    momentum: float = 0.0
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
@@ -52,8 +56,12 @@ class TrainingSettings:
         ``sizes`` names with their minimum."""
         for name, minimum in dict(n_seeds=1, steps=1, batch_size=1, eval_samples=1, data_seed=0, **sizes).items():
             check_int(name, getattr(self, name), minimum=minimum)
-        check_positive_float("lr", self.lr)
-        check_positive_float("weight_decay", self.weight_decay, allow_zero=True)
+        self.optimizer_settings  # checks optimizer, lr, weight_decay and momentum
+
+    @property
+    def optimizer_settings(self) -> OptimizerSettings:
+        """The optimiser these settings train with (built by :func:`~lengthgen_utils.run.optim.build_optimizer`)."""
+        return OptimizerSettings(self.optimizer, self.lr, self.weight_decay, self.momentum)
 
 
 @dataclass(frozen=True)

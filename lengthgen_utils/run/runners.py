@@ -27,6 +27,7 @@ from .configs import (KernelHeadConfig, RecurrentExperiment, RegimeMap, Retrieva
                       TransformerExperiment, transformer_experiment)
 from .evaluation import accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position
 from .parallel import parallel_map, parallel_workers
+from .optim import OptimizerSettings
 from .profiles import Profile
 from .results import Ensemble, Runs
 from .training import default_cpu_threads, train, train_sequence, train_squared_loss
@@ -96,9 +97,8 @@ def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
 
     def compute():
         model = build(exp)
-        history = train(model, task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
-                        train_len=exp.train_len, fixed_length=exp.fixed_length, weight_decay=exp.weight_decay,
-                        seed=exp.data_seed, device=device, min_train_len=min_train_len)
+        history = train(model, task, exp.optimizer_settings, steps=exp.steps, batch_size=exp.batch_size,
+                        train_len=exp.train_len, fixed_length=exp.fixed_length, seed=exp.data_seed, device=device, min_train_len=min_train_len)
         acc = accuracy_by_length(model, task, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
@@ -140,9 +140,8 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
 
         def compute():
             model = build(pe, attention)
-            loss = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
-                         train_len=sweep.train_len, fixed_length=sweep.fixed_length,
-                         weight_decay=sweep.weight_decay, seed=sweep.data_seed, device=device,
+            loss = train(model, tasks, sweep.optimizer_settings, steps=sweep.steps, batch_size=sweep.batch_size,
+                         train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device,
                          min_train_len=sweep.shortest_train_len, progress=progress)
             acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
             return _model_payload(model, loss, lengths, acc)
@@ -266,9 +265,8 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
             if step in config.snapshot_steps:
                 kept[step] = {name: t.detach().clone() for name, t in model.state_dict().items()}
 
-        history = train(model, tasks, steps=sweep.steps, batch_size=sweep.batch_size, lr=sweep.lr,
-                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, weight_decay=sweep.weight_decay,
-                        seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep)
+        history = train(model, tasks, sweep.optimizer_settings, steps=sweep.steps, batch_size=sweep.batch_size,
+                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep)
         accuracy = []
         for step in config.snapshot_steps:
             plain = build().to(device)
@@ -341,7 +339,8 @@ def run_kernel_head(exp: RetrievalExperiment, name: str = "rope", frequencies=No
 
     def compute():
         model = KernelHead(exp.vocab_size, exp.d_head, frequencies=theta, n_models=exp.n_seeds)
-        history = train_squared_loss(model, exp.task, steps=steps, batch_size=exp.batch_size, lr=lr,
+        history = train_squared_loss(model, exp.task, OptimizerSettings("sgd", lr=lr), steps=steps,
+                                     batch_size=exp.batch_size,
                                      train_len=exp.train_len, device=device,
                                      seed=[exp.data_seed + i for i in range(exp.n_seeds)])
         model.cpu()
@@ -429,8 +428,8 @@ def run_transformer(exp: TransformerExperiment, device=None, cache=True) -> Runs
 
     def compute():
         model = build_transformer(exp)
-        history = train_sequence(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr,
-                                 weight_decay=exp.weight_decay, train_len=exp.train_len, seed=exp.data_seed,
+        history = train_sequence(model, exp.task, exp.optimizer_settings, steps=exp.steps,
+                                 batch_size=exp.batch_size, train_len=exp.train_len, seed=exp.data_seed,
                                  device=device, min_train_len=exp.min_train_len)
         measured = [token_accuracy_by_position(model, exp.task, L, n_samples=exp.eval_samples)
                     for L in exp.eval_lengths]

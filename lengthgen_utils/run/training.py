@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validate import check_device, check_fits, check_int, check_positive_float, per_model_ints
+from .._validate import check_device, check_fits, check_int, per_model_ints
 from ..core.models import KernelHead, Transformer
 from ..core.tasks import IGNORE_INDEX, as_task_list, batch_targets, shared_task
 from ..core.seeding import generator
+from .optim import OptimizerSettings, build_optimizer
 
 
 def default_device() -> torch.device:
@@ -153,6 +154,16 @@ def cpu_threads(n: int | None):
             torch.set_num_threads(previous)
 
 
+def _check_optimizer(optimizer, default: OptimizerSettings) -> OptimizerSettings:
+    """``optimizer``, or ``default`` when it is ``None``; a ``TypeError`` naming it for anything else."""
+    if optimizer is None:
+        return default
+    if not isinstance(optimizer, OptimizerSettings):
+        raise TypeError(f"optimizer must be None or an OptimizerSettings (lengthgen_utils.run.optim); got "
+                        f"{type(optimizer).__name__} {optimizer!r:.80}")
+    return optimizer
+
+
 def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Per-model mean cross-entropy: ``logits [M, B, V]``, ``targets [M, B]`` -> ``[M]``.
 
@@ -163,11 +174,11 @@ def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(m * b, v), targets.reshape(m * b), reduction="none").view(m, b).mean(1)
 
 
-def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-2, train_len: int = 16,
-          fixed_length: bool = False, weight_decay: float = 0.0, seed: int = 0, device=None,
+def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 2000, batch_size: int = 256,
+          train_len: int = 16, fixed_length: bool = False, seed: int = 0, device=None,
           progress: bool | None = None, min_train_len: int | None = None,
           num_threads: int | None = None, callback=None) -> Tensor:
-    """Train an ensemble on the fixed-offset retrieval task with Adam(W).
+    """Train an ensemble on the fixed-offset retrieval task (by default with Adam, lr 1e-2: the book's recipe).
 
     Each step draws one batch at a single length: ``train_len`` when
     ``fixed_length``, else uniform in ``[min_train_len, train_len]`` (the whole
@@ -180,12 +191,13 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         model: a :class:`~lengthgen_utils.core.models.RetrievalHead` (any ``n_models``).
         task: a task with ``sample``/``targets``, or a sequence of one task per model
             (e.g. different offsets), all with the same ``vocab_size``.
+        optimizer: the update rule and its hyper-parameters
+            (:class:`~lengthgen_utils.run.optim.OptimizerSettings`, built by
+            :func:`~lengthgen_utils.run.optim.build_optimizer`); default ``OptimizerSettings()``, Adam with lr 1e-2.
         steps: optimiser steps, >= 1.
         batch_size: sequences per step (shared by all models).
-        lr: Adam learning rate.
         train_len: longest training length L_train.
         fixed_length: train only at ``train_len``.
-        weight_decay: decoupled weight decay (AdamW); 0 gives plain Adam.
         seed: seeds the data stream (lengths and tokens); model seeds live in the model.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``; defaults to :func:`default_device`.
             Checked before any work (:func:`~lengthgen_utils._validate.check_device`).
@@ -208,10 +220,9 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
         ValueError / TypeError: a size or rate out of range, ``train_len`` too short for an offset, or a
             device this machine cannot compute on (a typo, ``"cuda"`` without CUDA, ``"meta"``).
     """
+    optimizer = _check_optimizer(optimizer, OptimizerSettings())
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    lr = check_positive_float("lr", lr)
-    weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
     seed = check_int("seed", seed, minimum=0)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be None or callable; got {type(callback).__name__} {callback!r}")
@@ -229,7 +240,7 @@ def train(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 1e-
     device = check_device(device)
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
     with cpu_threads(threads), unchanged_on_failure(model):
-        return _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay,
+        return _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_length,
                            seed, device, progress, min_len, callback)
 
 
@@ -263,13 +274,13 @@ def _run_steps(model, optimizer, batch_loss, steps: int, device, progress: bool,
     return history.float().cpu()
 
 
-def _train_loop(model, tasks, steps, batch_size, lr, train_len, fixed_length, weight_decay, seed, device,
+def _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_length, seed, device,
                 progress, min_len, callback=None) -> Tensor:
     """The loop of :func:`train`, on validated arguments."""
     model.to(device)
     model.train()
     gen = generator(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = build_optimizer(model, optimizer)
 
     def batch_loss():
         seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
@@ -295,13 +306,14 @@ def ensemble_squared_error(outputs: Tensor, targets: Tensor) -> Tensor:
     return ((outputs - one_hot) ** 2).sum(-1).mean(1)
 
 
-def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr: float = 0.05,
-                       train_len: int = 16, seed: int | Sequence[int] = 0, device=None) -> Tensor:
-    """Train an ensemble with plain SGD on the squared loss (the min-norm setting of chapter 6).
+def train_squared_loss(model, task, optimizer: OptimizerSettings | None = None, steps: int = 2000,
+                       batch_size: int = 256, train_len: int = 16, seed: int | Sequence[int] = 0,
+                       device=None) -> Tensor:
+    """Train an ensemble on the squared loss, by default with plain SGD (the min-norm setting of chapter 6).
 
     Same data stream as :func:`train` (one length per step, uniform in
     ``[min_seq_len, train_len]``; tokens from ``seed``), but the loss is
-    ``||o - e(y)||^2`` and the optimiser is plain SGD without momentum or
+    ``||o - e(y)||^2`` and the default optimiser is plain SGD without momentum or
     weight decay: each update is a multiple of the loss gradient, so a model
     linear in its parameters never leaves the span of its gradients.
 
@@ -317,8 +329,8 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
         model: e.g. :class:`~lengthgen_utils.core.models.KernelHead`; its outputs ``[M, B, V]`` are compared
             with one-hot targets. Per-model seeds need a ``KernelHead``.
         task, steps, batch_size, train_len, device: as in :func:`train`.
+        optimizer: default ``OptimizerSettings("sgd", lr=0.05)``, plain SGD.
         seed: one int (every model sees the same stream), or one int per model.
-        lr: SGD step size.
 
     Returns:
         loss history ``[steps, M]`` (float32, CPU).
@@ -329,9 +341,9 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
             seeds for a model other than a ``KernelHead``, or a device this machine cannot compute on.
             A call that fails leaves the model as it was (:func:`unchanged_on_failure`).
     """
+    optimizer = _check_optimizer(optimizer, OptimizerSettings("sgd", lr=0.05))
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    lr = check_positive_float("lr", lr)
     seeds = per_model_ints("seed", seed, model.n_models, minimum=0)
     per_model = len(set(seeds)) > 1  # equal seeds draw equal streams: one shared stream is the same
     if per_model and not isinstance(model, KernelHead):
@@ -350,16 +362,16 @@ def train_squared_loss(model, task, steps: int = 2000, batch_size: int = 256, lr
     min_len = max(t.min_seq_len for t in tasks)
     device = check_device(device)
     with cpu_threads(default_cpu_threads(model) if device.type == "cpu" else None), unchanged_on_failure(model):
-        return _train_squared_loss_loop(model, tasks, seeds, per_model, steps, batch_size, lr, train_len, min_len,
-                                        device)
+        return _train_squared_loss_loop(model, tasks, seeds, per_model, optimizer, steps, batch_size, train_len,
+                                        min_len, device)
 
 
-def _train_squared_loss_loop(model, tasks, seeds, per_model, steps, batch_size, lr, train_len, min_len,
+def _train_squared_loss_loop(model, tasks, seeds, per_model, optimizer, steps, batch_size, train_len, min_len,
                              device) -> Tensor:
     """The loop of :func:`train_squared_loss`, on validated arguments."""
     model.to(device)
     gens = [generator(s) for s in seeds]
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = build_optimizer(model, optimizer)
 
     def batch_loss():
         batches = []
@@ -403,11 +415,11 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return loss.view(m, b * seq_len).sum(1) / (targets != IGNORE_INDEX).sum()
 
 
-def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
-                   weight_decay: float = 0.05, train_len: int = 32, seed: int = 0, device=None,
+def train_sequence(model, task, optimizer: OptimizerSettings | None = None, steps: int = 1500,
+                   batch_size: int = 64, train_len: int = 32, seed: int = 0, device=None,
                    progress: bool | None = None, num_threads: int | None = None,
                    min_train_len: int | None = None) -> Tensor:
-    """Train a transformer ensemble on a full-sequence task with AdamW.
+    """Train a transformer ensemble on a full-sequence task (by default with AdamW, lr 1e-3, weight decay 0.05).
 
     The book trains :class:`~lengthgen_utils.core.fast.FastTransformer` (what
     :func:`~lengthgen_utils.run.runners.build_transformer` builds); the readable
@@ -422,7 +434,10 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     Args:
         model: a ``FastTransformer`` or ``Transformer`` (any ``n_models``).
         task: a full-sequence task (``DelayedCopy``, ``LaggedSum``, ``RunningParity``).
-        steps, batch_size, lr, weight_decay: optimisation settings (chapter 7's defaults).
+        optimizer: default ``OptimizerSettings("adamw", lr=1e-3, weight_decay=0.05)`` (chapter 7's recipe; the
+            decay spares LayerNorm scales and biases, :func:`~lengthgen_utils.run.optim.decays`). AdamW runs
+            torch's fused kernel on CPU and CUDA.
+        steps, batch_size: optimisation settings (chapter 7's defaults).
         train_len: training sequence length.
         seed: seeds the data stream.
         device: defaults to :func:`default_device`.
@@ -442,10 +457,9 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
             a device this machine cannot compute on. A call that fails leaves the model as it was
             (:func:`unchanged_on_failure`).
     """
+    optimizer = _check_optimizer(optimizer, OptimizerSettings("adamw", lr=1e-3, weight_decay=0.05))
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    lr = check_positive_float("lr", lr)
-    weight_decay = check_positive_float("weight_decay", weight_decay, allow_zero=True)
     seed = check_int("seed", seed, minimum=0)
     train_len = check_fits("train_len", train_len, shared_task(task).check_seq_len)
     if task.n_tokens != model.config.vocab_size:
@@ -458,18 +472,16 @@ def train_sequence(model, task, steps: int = 1500, batch_size: int = 64, lr: flo
     device = check_device(device)
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
     with cpu_threads(threads), unchanged_on_failure(model):
-        return _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, lengths, seed, device,
-                                    progress)
+        return _train_sequence_loop(model, task, optimizer, steps, batch_size, lengths, seed, device, progress)
 
 
-def _train_sequence_loop(model, task, steps, batch_size, lr, weight_decay, lengths, seed, device,
-                         progress) -> Tensor:
+def _train_sequence_loop(model, task, optimizer, steps, batch_size, lengths, seed, device, progress) -> Tensor:
     """The loop of :func:`train_sequence`, on validated arguments (``lengths``: the lengths to draw from)."""
     model.to(device)
     model.train()
     gen = generator(seed)
-    fused = True if device.type in ("cpu", "cuda") else None  # one kernel per parameter instead of ~10
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
+    opt = build_optimizer(model, optimizer, fused=optimizer.name == "adamw" and device.type in ("cpu", "cuda"))  # one kernel
+    # per parameter instead of about ten
 
     def batch_loss():
         # one length: no draw, so chapter 7's stream is what it was before lengths could vary

@@ -59,6 +59,7 @@ from ..core.models import RetrievalHead, Transformer
 from ..core.rope import rope_inverse_frequencies
 from ..core.tasks import IGNORE_INDEX, DelayedCopy, FixedOffsetRetrieval
 from ..run.configs import RetrievalExperiment, RetrievalSweep
+from ..run.optim import OptimizerSettings, build_optimizer, decays
 from ..run.profiles import get_profile
 from ..run.runners import run_sweep
 from ..run.training import cpu_threads, train, train_sequence
@@ -150,6 +151,7 @@ def nominal_peak_flops(threads: int) -> tuple[float | None, str]:
 # and a plain nn.Module is also what vmap and torch.compile take. Each starts from the package model's
 # weights.
 TF = dict(vocab_size=16, n_layers=2, n_heads=4, d_model=64, batch_size=32, seq_len=32, lr=2e-3, weight_decay=0.05)
+TF_OPT = OptimizerSettings("adamw", lr=TF["lr"], weight_decay=TF["weight_decay"])
 TF_TASK = DelayedCopy(16, 5)
 READABLE = "readable Transformer, one per loop"  # the package's readable model, trained one model at a time
 
@@ -232,8 +234,8 @@ def readable_copy(model: Transformer, index: int) -> Transformer:
 def readable_loop(models, steps: int, threads: int) -> torch.Tensor:
     """Train each readable one-model ``Transformer`` alone with the package's ``train_sequence`` (the batches of
     :func:`tf_batches`); returns each one's last loss."""
-    return torch.stack([train_sequence(model, TF_TASK, steps=steps, batch_size=TF["batch_size"], lr=TF["lr"],
-                                       weight_decay=TF["weight_decay"], train_len=TF["seq_len"], seed=0,
+    return torch.stack([train_sequence(model, TF_TASK, TF_OPT, steps=steps, batch_size=TF["batch_size"],
+                                       train_len=TF["seq_len"], seed=0,
                                        device="cpu", progress=False, num_threads=threads)[-1, 0]
                         for model in models])
 
@@ -249,7 +251,7 @@ def plain_loop(models, batches, compiled: bool = False) -> torch.Tensor:
     last = []
     for model in models:
         run = torch.compile(model) if compiled else model
-        opt = torch.optim.AdamW(model.parameters(), lr=TF["lr"], weight_decay=TF["weight_decay"])
+        opt = build_optimizer(model, TF_OPT)  # the package's rule: no decay on LayerNorm and biases
         for tokens, targets in batches:
             loss = F.cross_entropy(run(tokens).view(-1, TF["vocab_size"]), targets.view(-1))
             opt.zero_grad()
@@ -269,7 +271,9 @@ def vmap_recipe(models, batches) -> torch.Tensor:
     def fmodel(p, b, x):
         return functional_call(base, (p, b), (x,))
 
-    opt = torch.optim.AdamW(params.values(), lr=TF["lr"], weight_decay=TF["weight_decay"])
+    opt = torch.optim.AdamW([{"params": [p for n, p in params.items() if decays(n)]},
+                             {"params": [p for n, p in params.items() if not decays(n)], "weight_decay": 0.0}],
+                            lr=TF["lr"], weight_decay=TF["weight_decay"])
     n = len(models)
     for tokens, targets in batches:
         logits = torch.vmap(fmodel, in_dims=(0, 0, None))(params, buffers, tokens)
@@ -287,8 +291,8 @@ def package_ensemble(n_models: int, steps: int, threads: int) -> tuple[float, to
     model = FastTransformer(TF["vocab_size"], TF["n_layers"], TF["n_heads"], TF["d_model"], "rope",
                             max_len=TF["seq_len"], n_models=n_models)
     start = time.perf_counter()
-    history = train_sequence(model, TF_TASK, steps=steps, batch_size=TF["batch_size"], lr=TF["lr"],
-                             weight_decay=TF["weight_decay"], train_len=TF["seq_len"], seed=0, device="cpu",
+    history = train_sequence(model, TF_TASK, TF_OPT, steps=steps, batch_size=TF["batch_size"],
+                             train_len=TF["seq_len"], seed=0, device="cpu",
                              progress=False, num_threads=threads)
     return time.perf_counter() - start, history[-1]
 
@@ -468,7 +472,7 @@ def parallel_comparison(steps: int) -> tuple[float, float]:
 
     def one(exp):
         model = build_model(exp)
-        train(model, exp.task, steps=exp.steps, batch_size=exp.batch_size, lr=exp.lr, train_len=exp.train_len,
+        train(model, exp.task, exp.optimizer_settings, steps=exp.steps, batch_size=exp.batch_size, train_len=exp.train_len,
               seed=exp.data_seed, device="cpu")
         return model
 
