@@ -34,6 +34,7 @@ PAGE = ROOT / "architecture.md"
 PACKAGE = ROOT / "lengthgen_utils"
 ENCODING_RECIPE = "Recipe: add a position encoding"
 TASK_RECIPE = "Recipe: add a task"
+OPTIMIZER_RECIPE = "Recipe: change the optimiser"
 
 # the smallest single head and transformer that train in well under a second
 HEAD = dict(n_seeds=2, steps=5, batch_size=8, eval_samples=16, vocab_size=8, train_len=8, d_model=8, d_head=4,
@@ -106,6 +107,7 @@ def test_the_page_has_balanced_fences_and_every_recipe_block():
     assert len(fences) % 2 == 0, "architecture.md has an unclosed code fence"
     recipe_blocks(ENCODING_RECIPE, 1)
     recipe_blocks(TASK_RECIPE, 2)
+    recipe_blocks(OPTIMIZER_RECIPE, 1)
 
 
 def test_the_extraction_fails_loudly_on_a_missing_section_or_block(tmp_path, monkeypatch):
@@ -248,6 +250,38 @@ def test_the_full_sequence_task_reaches_the_transformer_runner(recipes, tmp_path
         assert (counts[:5] == 0).all() and (counts[5:] > 0).all(), counts
         assert torch.isnan(runs.per_position[L][:, :5]).all()
     assert math.isclose(task.chance, 1 / 8)
+
+
+# ---------------------------------------------------------------- the new optimiser
+def test_the_optimizer_recipe_trains_with_its_rule_through_the_experiment(tmp_path):
+    """The page's rule is the one that trains: the runner's head equals a head trained by torch's Adagrad
+    on the same stream, and differs from the book's Adam head; the registry is restored afterwards."""
+    from lengthgen_utils.run import optim
+    from lengthgen_utils.run.runners import build_model
+    from lengthgen_utils.run.training import train
+
+    saved = dict(optim.OPTIMIZERS)
+    try:
+        found = run_blocks(recipe_blocks(OPTIMIZER_RECIPE, 1), OPTIMIZER_RECIPE)
+        assert "adagrad" in optim.OPTIMIZERS and callable(found["adagrad"])
+        exp = RetrievalExperiment(pe="rope", offset=2, optimizer="adagrad", lr=0.1, **HEAD)
+        runs = run_retrieval(exp, cache=tmp_path)
+        built = optim.build_optimizer(build_model(exp), exp.optimizer_settings)
+        assert type(built) is torch.optim.Adagrad
+
+        by_hand = build_model(exp)
+        original = optim.OPTIMIZERS.pop("adagrad")  # train it with torch's Adagrad, not through the page's rule
+        optim.OPTIMIZERS["by-hand"] = optim.Rule(lambda groups, s: torch.optim.Adagrad(by_hand.parameters(), lr=0.1))
+        train(by_hand, exp.task, optim.OptimizerSettings("by-hand", lr=0.1), steps=exp.steps,
+              batch_size=exp.batch_size, train_len=exp.train_len, seed=exp.data_seed, device="cpu")
+        optim.OPTIMIZERS["adagrad"] = original
+        for (name, a), b in zip(runs.model.named_parameters(), by_hand.parameters()):
+            torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=0, atol=1e-6, msg=name)
+        adam = run_retrieval(RetrievalExperiment(pe="rope", offset=2, lr=0.1, **HEAD), cache=tmp_path)
+        assert not torch.allclose(adam.model.w_q, runs.model.w_q)
+    finally:
+        optim.OPTIMIZERS.clear()
+        optim.OPTIMIZERS.update(saved)
 
 
 # ---------------------------------------------------------------- the import rule the page states
