@@ -51,20 +51,23 @@ def test_adamw_is_torch_adamw_over_the_parameters_bit_for_bit(wd):
         assert torch.equal(a, b), n
 
 
-def test_sgd_is_plain_sgd_with_decoupled_decay_and_heavy_ball_momentum():
+def _two_steps(settings):
+    """Two steps of the built optimiser on a head, with known gradients: ``(w0, g1, w1, g2, w2)``, one dict each."""
     model = RetrievalHead(n_models=2)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = build_optimizer(model, OptimizerSettings("sgd", lr=0.1, weight_decay=0.5, momentum=0.9))
-    g1 = _grads(model, 1)
+    weights = lambda: {n: p.detach().clone() for n, p in model.named_parameters()}  # noqa: E731
+    opt = build_optimizer(model, settings)
+    w0, g1 = weights(), _grads(model, 1)
     opt.step()
-    mid = {n: p.detach().clone() for n, p in model.named_parameters()}
-    g2 = _grads(model, 2)
+    w1, g2 = weights(), _grads(model, 2)
     opt.step()
-    for n, p in model.named_parameters():
-        want1 = before[n] * (1 - 0.1 * 0.5) - 0.1 * g1[n]
-        torch.testing.assert_close(mid[n], want1, rtol=0, atol=1e-6)
-        want2 = mid[n] * (1 - 0.1 * 0.5) - 0.1 * (0.9 * g1[n] + g2[n])
-        torch.testing.assert_close(p.detach(), want2, rtol=0, atol=1e-6)
+    return w0, g1, w1, g2, weights()
+
+
+def test_sgd_is_plain_sgd_with_decoupled_decay_and_heavy_ball_momentum():
+    w0, g1, w1, g2, w2 = _two_steps(OptimizerSettings("sgd", lr=0.1, weight_decay=0.5, momentum=0.9))
+    for n in w0:
+        torch.testing.assert_close(w1[n], w0[n] * (1 - 0.1 * 0.5) - 0.1 * g1[n], rtol=0, atol=1e-6)
+        torch.testing.assert_close(w2[n], w1[n] * (1 - 0.1 * 0.5) - 0.1 * (0.9 * g1[n] + g2[n]), rtol=0, atol=1e-6)
 
 
 def test_plain_sgd_is_torch_sgd_exactly():
@@ -79,19 +82,12 @@ def test_plain_sgd_is_torch_sgd_exactly():
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_sign_descent_steps_by_the_sign_of_the_gradient_or_of_its_average(momentum):
-    model = RetrievalHead(n_models=2)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = build_optimizer(model, OptimizerSettings("sign", lr=1e-3, weight_decay=0.1, momentum=momentum))
-    g1 = _grads(model, 1)
-    opt.step()
-    mid = {n: p.detach().clone() for n, p in model.named_parameters()}
-    g2 = _grads(model, 2)
-    opt.step()
-    for n, p in model.named_parameters():
+    w0, g1, w1, g2, w2 = _two_steps(OptimizerSettings("sign", lr=1e-3, weight_decay=0.1, momentum=momentum))
+    for n in w0:
         m1 = (1 - momentum) * g1[n]
         m2 = momentum * m1 + (1 - momentum) * g2[n]
-        torch.testing.assert_close(mid[n], before[n] * (1 - 1e-4) - 1e-3 * m1.sign(), rtol=0, atol=1e-7)
-        torch.testing.assert_close(p.detach(), mid[n] * (1 - 1e-4) - 1e-3 * m2.sign(), rtol=0, atol=1e-7)
+        torch.testing.assert_close(w1[n], w0[n] * (1 - 1e-4) - 1e-3 * m1.sign(), rtol=0, atol=1e-7)
+        torch.testing.assert_close(w2[n], w1[n] * (1 - 1e-4) - 1e-3 * m2.sign(), rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("settings", [OptimizerSettings("sgd", lr=0.05, momentum=0.9),
