@@ -46,7 +46,7 @@ def kernel_panel(offsets, kernel, target_offset: int, train_len: int, title: str
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
                   name="training window", showlegend=True)
     fig.update_layout(title=title)
-    fig.update_xaxes(title="relative position D = j − i (tokens)")
+    fig.update_xaxes(title="relative position D = j − m (tokens)")
     fig.update_yaxes(title="attention logit s(D) (nats)", range=None if y_range is None else list(y_range))
     return fig
 
