@@ -528,7 +528,7 @@ def nulls_table(trained, nulls: dict, auc: dict, qk_rank, null_qk) -> Table:
              for m, x in trained.as_dict().items()]
     cells.append(["PR W_Q^T W_K", f"{qk_rank.median():.2f}", f"{null_qk.median():.2f} ({qk_auc:.2f})"]
                  + [""] * (len(nulls) - 1))
-    return Table(["measure", "trained", "(a)", "(b)", "(c)", "(c), peak at -k"], cells,
+    return Table(["measure", "trained", "(a)", "(b)", "(c)", "(d)"], cells,
                  caption="Median of each measure in the trained heads and in each null; in "
                  f"brackets the AUC of the trained heads against that null. Nulls: {sizes}")
 
