@@ -140,20 +140,26 @@ def test_fit_to_column_counts_legend_entries_of_shapes():
     assert render.fit_to_column(fig)["layout"]["height"] == base + render.LEGEND_LINE_PX
 
 
-def test_a_slider_of_many_steps_numbers_them_and_names_each_in_full():
-    """Chapter 9's zoo slider has twelve steps: the rail shows 1..12 and each panel says which encoding it is."""
+def test_a_slider_of_many_steps_labels_each_step_by_its_value():
+    """Chapter 9's zoo slider has twelve steps: every step is labelled by its encoding (never "7 of 12"), each
+    panel names its step above the plot, and a rail too short for twelve names hides them; a rail of short
+    numbers that fits shows them."""
     frames = {f"encoding {i}": figures.accuracy_vs_length({"rope": ([16, 32], np.full((5, 2), 0.9))}, 1 / 16, 16,
                                                         f"panel {i}") for i in range(12)}
     fig = sliders.slider_figure(frames, "encoding: ", active=6)
     (slider,) = fig.layout.sliders
-    assert [s.label for s in slider.steps] == [str(i) for i in range(1, 13)]
+    assert [s.label for s in slider.steps] == [f"encoding {i}" for i in range(12)]
     assert slider.currentvalue.visible is False
     names = [a.text for a in fig.layout.annotations if a.name == "slider value"]
-    assert names == ["encoding: 7 of 12, encoding 6"]
+    assert names == ["encoding: encoding 6"]
     step = slider.steps[0].args[1]
-    assert [a["text"] for a in step["annotations"] if a.get("name") == "slider value"] == ["encoding: 1 of 12, encoding 0"]
+    assert [a["text"] for a in step["annotations"] if a.get("name") == "slider value"] == ["encoding: encoding 0"]
     out = render.fit_to_column(fig)
-    assert "color" not in out["layout"]["sliders"][0].get("font", {})  # the numbers are shown
+    assert out["layout"]["sliders"][0]["font"]["color"] == "rgba(0,0,0,0)"  # twelve names do not fit the rail
+    lengths = {str(L): frames["encoding 0"] for L in range(16, 80, 8)}
+    short = render.fit_to_column(sliders.slider_figure(lengths, "L = "))
+    assert [s["label"] for s in short["layout"]["sliders"][0]["steps"]] == [str(L) for L in range(16, 80, 8)]
+    assert "color" not in short["layout"]["sliders"][0].get("font", {})  # eight short values fit: shown
     few = sliders.slider_figure(dict(list(frames.items())[:3]), "encoding: ")
     assert [s.label for s in few.layout.sliders[0].steps] == ["encoding 0", "encoding 1", "encoding 2"]
 

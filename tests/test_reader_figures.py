@@ -24,7 +24,12 @@ def test_r2_vs_reach_puts_heads_on_a_log_axis_and_shades_both_sides_of_the_bound
                             title="t", symbol_by=["book", "wd", "wd"])
     assert fig.layout.xaxis.type == "log"
     assert sorted(x for trace in fig.data for x in trace.x) == [1e-3, 5.0, 40.0]
-    assert min(y for trace in fig.data for y in trace.y) >= -1.0
+    # y is 1 - R² on a log axis: the head the law misses by far (R² = -1e9) sits high, not at a clipped value
+    assert fig.layout.yaxis.type == "log"
+    assert sorted(y for trace in fig.data for y in trace.y) == [pytest.approx(0.01), pytest.approx(0.8),
+                                                               pytest.approx(1e9 + 1)]
+    assert [t.name for t in fig.data if t.showlegend is not False] == ["cliff (2)", "gradual (1)"]  # one per kind
+    assert [s.y0 for s in fig.layout.shapes if s.type == "line"] == [pytest.approx(0.1)]  # R² = 0.9
     assert [s.x1 for s in fig.layout.shapes if s.type == "rect"][0] == 1.0
     assert [s.x0 for s in fig.layout.shapes if s.type == "rect"][1] == 20.0
     with pytest.raises(ValueError, match="reach must be positive"):

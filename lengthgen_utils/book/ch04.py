@@ -13,7 +13,7 @@ from ..analysis.kernel import (carrier_spectrum, first_alias, measures, predicte
 from ..analysis import predictions
 from ..analysis.theory import pair_recurrences, separation_auc
 from .sliders import slider_figure
-from .style import PALETTE, SEED_COLORS
+from .style import PALETTE, SEED_COLORS, base_color
 from .tables import Table
 
 
@@ -46,7 +46,7 @@ def kernel_panel(offsets, kernel, target_offset: int, train_len: int, title: str
     fig.add_vrect(x0=-(train_len - 1) - 0.5, x1=0.5, fillcolor="gray", opacity=0.12, line_width=0,
                   name="training window", showlegend=True)
     fig.update_layout(title=title)
-    fig.update_xaxes(title="relative position D = j − i (tokens)")
+    fig.update_xaxes(title="relative position D = j − m (tokens)")
     fig.update_yaxes(title="attention logit s(D) (nats)", range=None if y_range is None else list(y_range))
     return fig
 
@@ -343,7 +343,8 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
             x=[alias_distance[i] + 1 if has_alias else x_none for i in rows],
             y=[failure_length[i] if has_fail else y_none for i in rows],
             mode="markers", name=f"{name} ({len(rows)})", text=[labels[i] for i in rows],
-            marker=dict(size=11, symbol=symbol, color="#1f77b4", opacity=0.75, line=dict(width=1.5, color="#1f77b4")),
+            marker=dict(size=11, symbol=symbol, color=base_color(1e4), opacity=0.75,
+                        line=dict(width=1.5, color=base_color(1e4))),
             hovertemplate="%{text}<br>first length containing an alias: %{x}<br>first failing length: %{y}"))
     fig.add_trace(go.Scatter(x=[16, longest_tested], y=[16, longest_tested], mode="lines",
                              name="failure at the alias", line=dict(color="black", dash="dot")))
@@ -527,7 +528,7 @@ def nulls_table(trained, nulls: dict, auc: dict, qk_rank, null_qk) -> Table:
              for m, x in trained.as_dict().items()]
     cells.append(["PR W_Q^T W_K", f"{qk_rank.median():.2f}", f"{null_qk.median():.2f} ({qk_auc:.2f})"]
                  + [""] * (len(nulls) - 1))
-    return Table(["measure", "trained", "(a)", "(b)", "(c)", "(c), peak at -k"], cells,
+    return Table(["measure", "trained", "(a)", "(b)", "(c)", "(d)"], cells,
                  caption="Median of each measure in the trained heads and in each null; in "
                  f"brackets the AUC of the trained heads against that null. Nulls: {sizes}")
 
@@ -563,7 +564,7 @@ def measure_vs_nulls(groups: dict, measure: str, title: str, y_title: str | None
 
 def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_title: str, title: str,
                      x_none: str | None = None, y_none: str | None = None, diagonal: str = "prediction = measurement",
-                     groups=None) -> go.Figure:
+                     groups=None, colors: dict | None = None) -> go.Figure:
     """A prediction against a measurement on log axes, where either may be "none up to a limit".
 
     ``None`` in ``x`` (``y``) is drawn in a column (row) of its own beyond ``x_limit`` (``y_limit``),
@@ -577,6 +578,8 @@ def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_t
         x_none, y_none: tick text of the censored column / row (default ``"none ≤ limit"``).
         diagonal: legend text of the dotted ``y = x`` line.
         groups: optional per-model group names (one colour and legend entry each).
+        colors: optional ``{group: colour}`` (e.g. :func:`~lengthgen_utils.book.style.base_color` of each
+            base, so a base has one colour across the book); a group it does not name takes the palette's.
 
     Raises:
         ValueError: lengths differ, or a value lies beyond its limit.
@@ -594,7 +597,7 @@ def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_t
         fig.add_trace(go.Scatter(
             x=[x[i] if x[i] is not None else x_cens for i in rows], y=[y[i] if y[i] is not None else y_cens for i in rows],
             mode="markers", name=f"{group} ({len(rows)})", text=[labels[i] for i in rows],
-            marker=dict(size=10, color=PALETTE[gi % 10], opacity=0.7, line=dict(width=1, color="white")),
+            marker=dict(size=10, color=(colors or {}).get(group, PALETTE[gi % 10]), opacity=0.7, line=dict(width=1, color="white")),
             hovertemplate="%{text}<br>x: %{x}<br>y: %{y}<extra></extra>"))
     low = 8
     fig.add_trace(go.Scatter(x=[low, max(x_cens, y_cens)], y=[low, max(x_cens, y_cens)], mode="lines", name=diagonal,

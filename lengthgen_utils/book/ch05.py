@@ -393,38 +393,54 @@ def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str, marks
 
 def _r2_scatter(x, r2, kind, labels, title: str, x_hover: str, floor: float, threshold: float,
                 symbol_by) -> go.Figure:
-    """The body of :func:`r2_vs_margin` and :func:`r2_vs_reach`: one marker per head, coloured by ``kind``."""
+    """The body of :func:`r2_vs_margin` and :func:`r2_vs_reach`: one marker per head, coloured by ``kind``.
+
+    y is the share of ``1/p - 1`` the law leaves unexplained, ``1 - R²``, on a log axis: a head the law
+    misses by far sits high instead of piling up at a clipped value. A perfect fit is drawn at ``floor``
+    (``1 - R²`` below it is raised to it: the one place a value moves, on the law's good side). The
+    legend has one entry per ``kind`` (colour); the regime (``symbol_by``, one symbol each) is named on
+    hover.
+    """
     x, r2 = np.asarray(x, dtype=float), np.asarray(r2, dtype=float)
     n = len(labels)
     if x.shape != (n,) or r2.shape != (n,) or len(kind) != n:
         raise ValueError(f"x, r2, kind and labels must have one entry per head ({n})")
+    if not 0 < floor < 1:
+        raise ValueError(f"floor must be in (0, 1) (the smallest 1 - R² drawn, log axis); got floor={floor!r}")
     symbols = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down"]
     regimes = list(dict.fromkeys(symbol_by)) if symbol_by is not None else [None]
+    unexplained = np.maximum(1 - r2, floor)
     fig = go.Figure()
     for ki, k in enumerate(dict.fromkeys(kind)):
+        count = sum(1 for v in kind if v == k)
+        first = True
         for ri, regime in enumerate(regimes):
             rows = [i for i in range(n) if kind[i] == k and (regime is None or symbol_by[i] == regime)]
             if not rows:
                 continue
+            where = f", {regime}" if regime is not None else ""
             fig.add_trace(go.Scatter(
-                x=x[rows], y=np.maximum(r2[rows], floor), mode="markers",
-                name=f"{k}" + (f", {regime}" if regime is not None else "") + f" ({len(rows)})",
-                text=[f"{labels[i]}: R² = {r2[i]:.3g}" for i in rows],
+                x=x[rows], y=unexplained[rows], mode="markers", name=f"{k} ({count})", legendgroup=str(k),
+                showlegend=first, text=[f"{labels[i]}{where}: R² = {r2[i]:.3g}" for i in rows],
                 marker=dict(size=9, color=PALETTE[ki % 10], symbol=symbols[ri % len(symbols)], opacity=0.75),
                 hovertemplate="%{text}<br>" + x_hover + "<extra></extra>"))
-    fig.add_hline(y=threshold, line=dict(color="gray", dash="dash"), name=f"R² = {threshold}", showlegend=True)
+            first = False
+    fig.add_hline(y=1 - threshold, line=dict(color="gray", dash="dash"), name=f"R² = {threshold}", showlegend=True)
+    top = float(np.log10(max(unexplained.max(), 1.0)))
     fig.update_layout(title=title)
-    fig.update_yaxes(title=f"R² of the long-run law (clipped at {floor:g})", range=[floor - 0.05, 1.05])
+    fig.update_yaxes(title="1 − R² of the long-run law (log scale)", type="log", exponentformat="power",
+                     range=[np.log10(floor) - 0.2, top + 0.3])
     return fig
 
 
-def r2_vs_margin(margin, r2, kind, labels, title: str, floor: float = -1.0, threshold: float = 0.9,
+def r2_vs_margin(margin, r2, kind, labels, title: str, floor: float = 1e-4, threshold: float = 0.9,
                  symbol_by=None) -> go.Figure:
     """The law's R^2 of each head against its margin, coloured by how its accuracy falls.
 
     Args:
         margin: per head, target logit minus the best other logit in the training window (nats).
-        r2: per head, the coefficient of determination of the law (drawn clipped at ``floor``).
+        r2: per head, the coefficient of determination of the law (drawn as ``1 - R²``, log axis,
+            at least ``floor``).
         kind: per head, how accuracy falls (e.g. ``"cliff"``, ``"gradual"``, ``"holds"``): one colour each.
         labels: per head hover text.
         threshold: drawn as a dashed line (the R^2 the law must reach).
@@ -439,7 +455,7 @@ def r2_vs_margin(margin, r2, kind, labels, title: str, floor: float = -1.0, thre
 
 
 def r2_vs_reach(reach, r2, kind, labels, title: str, alias_side: float = 1.0, law_side: float = 20.0,
-                floor: float = -1.0, threshold: float = 0.9, symbol_by=None) -> go.Figure:
+                floor: float = 1e-4, threshold: float = 0.9, symbol_by=None) -> go.Figure:
     """The law's R^2 of each head against ``n e^-kappa``, how often ``n`` keys meet the peaks of ``e^s``.
 
     Chapter 5's boundary: the long-run law can describe a head's target mass only where
@@ -448,7 +464,8 @@ def r2_vs_reach(reach, r2, kind, labels, title: str, alias_side: float = 1.0, la
 
     Args:
         reach: per head, ``n e^-kappa`` (> 0; drawn on a log axis).
-        r2: per head, the coefficient of determination of the law (drawn clipped at ``floor``).
+        r2: per head, the coefficient of determination of the law (drawn as ``1 - R²``, log axis,
+            at least ``floor``).
         kind: per head, how accuracy falls (one colour each).
         labels: per head hover text.
         alias_side: heads at or below this reach are the side where aliases must dominate.
@@ -477,7 +494,6 @@ def r2_vs_reach(reach, r2, kind, labels, title: str, alias_side: float = 1.0, la
     fig.add_vrect(x0=law_side, x1=10 ** hi, fillcolor="#2ca02c", opacity=0.1, line_width=0,
                   name=f"n e^-κ ≥ {law_side:g}: the law's side", showlegend=True)
     fig.update_xaxes(title="n e^-κ (log scale)", type="log", range=[lo, hi], exponentformat="power")
-    fig.update_yaxes(range=[floor - 0.3, 1.05])
     return fig
 
 

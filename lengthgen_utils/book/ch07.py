@@ -36,7 +36,7 @@ def head_offset_heatmap(profile, title: str, max_offset: int | None = None, valu
                                colorbar=dict(title=dict(text=value, side="right")),
                                hovertemplate="%{y}, D = %{x}: %{z:.3f}<extra></extra>"))
     fig.update_layout(title=title, height=max(FIGURE_HEIGHT, 60 + 28 * len(rows)))
-    fig.update_xaxes(title="relative position D = j − i (tokens)")  # left to right, as every offset axis of the book
+    fig.update_xaxes(title="relative position D = j − m (tokens)")  # left to right, as every offset axis of the book
     fig.update_yaxes(title="", autorange="reversed")
     return fig
 

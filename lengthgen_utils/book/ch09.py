@@ -336,7 +336,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
         title: figure title.
 
     Returns:
-        a plotly ``Figure`` with two panels per row: x = relative position D = j - i (tokens), y = margin (logit units); a key
+        a plotly ``Figure`` with two panels per row: x = relative position D = j - m (tokens), y = margin (logit units); a key
         above the zero line beats the target.
 
     Raises:
@@ -365,7 +365,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
                       row=row, col=col)
         fig.add_vline(x=-offset, line=dict(color="black", dash="dot", width=1), row=row, col=col)
         fig.add_hline(y=0, line=dict(color="black", width=1), row=row, col=col)
-        fig.update_xaxes(title="D = j − i (tokens)" if row == n_rows else None, row=row, col=col)
+        fig.update_xaxes(title="D = j − m (tokens)" if row == n_rows else None, row=row, col=col)
         fig.update_yaxes(title="margin (logits)" if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title, height=150 + 210 * n_rows, margin=dict(t=110))
     return fig

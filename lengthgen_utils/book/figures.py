@@ -154,7 +154,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
             by default every second curve is dashed.
 
     Returns:
-        a plotly ``Figure`` (x: relative position D = j - i in tokens, key minus query).
+        a plotly ``Figure`` (x: relative position D = j - m in tokens, key minus query).
 
     Raises:
         ValueError: ``curves`` is empty, an array does not match its offsets, or ``dashed`` names a curve
@@ -187,7 +187,7 @@ def offset_kernels(curves: dict, train_len: int, target_offset: int, title: str,
     fig.add_hline(y=0, line=dict(color="black", width=0.5))
     fig.update_layout(title=title)
     lo = min(float(np.asarray(offsets).min()) for offsets, _ in curves.values())
-    fig.update_xaxes(title="relative position D = j − i (tokens)", range=[lo - 0.08 * (1 - lo), 1])  # clear of y ticks
+    fig.update_xaxes(title="relative position D = j − m (tokens)", range=[lo - 0.08 * (1 - lo), 1])  # clear of y ticks
     fig.update_yaxes(title=y_title)
     return fig
 
@@ -284,9 +284,9 @@ def position_heatmaps(panels: dict, title: str, colorbar_title: str, train_len: 
                                  colorbar=dict(title=dict(text=colorbar_title, side="right"), x=1.0,
                                                xanchor="left", y=(domain[0] + domain[1]) / 2, yanchor="middle",
                                                len=domain[1] - domain[0], thickness=12),
-                                 hovertemplate="query m=%{y}, key n=%{x}: %{z:.4g}<extra></extra>"),
+                                 hovertemplate="query m=%{y}, key j=%{x}: %{z:.4g}<extra></extra>"),
                       row=i + 1, col=1)
-        fig.update_xaxes(title="key position n (tokens)" if i == n - 1 else None, row=i + 1, col=1)
+        fig.update_xaxes(title="key position j (tokens)" if i == n - 1 else None, row=i + 1, col=1)
         fig.update_yaxes(title="query position m (tokens)", autorange="reversed", row=i + 1, col=1)
         if train_len is not None and train_len < z.shape[0]:
             line = dict(color="black", dash="dash", width=1)

@@ -46,9 +46,10 @@ TITLE_LINE_PX = 20
 SLIDER_PX = 96  # a slider between the title and the plot: its current value, rail and step labels
 
 
-SLIDER_LABELS_MAX = 6  # a slider with more steps numbers them on its rail (longer labels would collide)
+SLIDER_LABELS_MAX = 6  # a slider with more steps names its current step above the plot (its rail may hide labels)
 
 
+SLIDER_RAIL_CHARS = 40  # label characters a slider's rail holds on a phone's column (all steps together)
 SLIDER_VALUE_SHIFT = 70  # px above the plot where a numbered slider's current label is written (plotly's own place)
 
 
@@ -169,7 +170,8 @@ def fit_to_column(fig) -> dict:
         slider.update(x=0.0, len=1.0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(t=0, b=18 + below, l=24, r=24))
         slider.setdefault("currentvalue", {}).setdefault("font", {"size": 13, "color": "#2a3f5f"})
         steps = slider.get("steps", [])
-        if len(steps) > SLIDER_LABELS_MAX and any(len(str(st.get("label", ""))) > 3 for st in steps):
+        widest = max((len(str(st.get("label", ""))) for st in steps), default=0)
+        if len(steps) > SLIDER_LABELS_MAX and len(steps) * widest > SLIDER_RAIL_CHARS:
             slider["font"] = {**slider.get("font", {}), "color": "rgba(0,0,0,0)"}  # the current value names the step
         top += SLIDER_PX
     for trace in fig.get("data", []):  # legend entries on lines that fit the column

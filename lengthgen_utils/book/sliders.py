@@ -101,10 +101,11 @@ def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str 
     and margins belong to the slider figure (it adds room for the slider under the plot). Everything is
     in the page's HTML: moving the slider needs plotly.js only, not Python.
 
-    A slider of more than :data:`SLIDER_LABELS_MAX` steps has no room on a phone's rail for their
-    labels: its steps are numbered 1, 2, ... on the rail, and each panel names its step in full where
-    plotly writes the current value (``slider_title`` + label + ``suffix``, e.g. "encoding: 7 of 12,
-    ALiBi").
+    Every step is labelled by its value (``"112"``, ``"ALiBi"``), never by its index. A slider of more
+    than :data:`SLIDER_LABELS_MAX` steps may have no room on a phone's rail for all its labels
+    (:func:`~lengthgen_utils.book.render.fit_to_column` then hides them on the rail): each panel names
+    its step where plotly writes the current value (``slider_title`` + label + ``suffix``, e.g.
+    "encoding: ALiBi", "L = 112").
 
     Args:
         frames: ``{label: go.Figure or list of traces}``, in slider order; ``label`` is the step's text
@@ -136,15 +137,14 @@ def slider_figure(frames: dict, slider_title: str, active: int = 0, suffix: str 
             raise ValueError(f"frame {label!r} has no traces")
         figs[label] = frame
     numbered = len(figs) > SLIDER_LABELS_MAX
-    if numbered:  # the rail shows numbers; each panel writes its full label where the current value goes
-        n = len(figs)
+    if numbered:  # the rail may be too short for the labels: each panel writes its label where the value goes
         figs = {label: go.Figure(frame).add_annotation(
-                    text=f"{slider_title}{i + 1} of {n}, {label}{suffix}", name="slider value", xref="paper", x=0,
+                    text=f"{slider_title}{label}{suffix}", name="slider value", xref="paper", x=0,
                     xanchor="left", yref="paper", y=1, yanchor="bottom", yshift=SLIDER_VALUE_SHIFT, showarrow=False,
                     font=dict(size=13, color="#2a3f5f"))
-                for i, (label, frame) in enumerate(figs.items())}
+                for label, frame in figs.items()}
     fig, visible, relayout = _stacked_panels(list(figs.values()), active)
-    steps = [dict(label=str(i + 1) if numbered else label, method="update", args=[{"visible": visible[i]}, relayout[i]])
+    steps = [dict(label=label, method="update", args=[{"visible": visible[i]}, relayout[i]])
              for i, label in enumerate(figs)]
     height = max(frame.layout.height or FIGURE_HEIGHT for frame in figs.values())  # fit_to_column adds the slider's room
     current = dict(visible=False) if numbered else dict(prefix=slider_title, suffix=suffix)

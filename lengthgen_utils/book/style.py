@@ -54,6 +54,21 @@ colour; no two models do, and none takes an encoding's colour unless it is that 
 Chapters pass it as ``colors=`` / ``styles=`` (a name the figure does not draw is ignored)."""
 
 
+BASE_COLORS = {10.0: "#2ca02c", 100.0: "#9467bd", 1000.0: "#8c564b", 10000.0: RoPE.color, 100000.0: "#e377c2"}
+"""The colour of each RoPE base the book trains, the same in every figure: the book's base 10^4 is RoPE's blue."""
+
+
+def base_color(base: float) -> str:
+    """The colour of RoPE base ``base`` (:data:`BASE_COLORS`).
+
+    Raises:
+        ValueError: ``base`` is not one of the book's bases.
+    """
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or float(base) not in BASE_COLORS:
+        raise ValueError(f"base must be one of the book's RoPE bases {sorted(BASE_COLORS)}; got base={base!r}")
+    return BASE_COLORS[float(base)]
+
+
 def rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))

@@ -29,6 +29,7 @@ Playwright's Python client.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -363,6 +364,90 @@ def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, widt
                            and min(t["y1"], bar["y1"]) - max(t["y0"], bar["y0"]) > 1]
                 problems += [f"figure {i}: the toolbar covers {t['kind']} {t['text']!r}" for t in covered]
         assert not problems, f"{page_name} at {width} px:\n  " + "\n  ".join(problems[:40])
+    finally:
+        page.context.close()
+
+
+# Per figure: its axis titles (every axis of the layout and of every slider step's relayout) and its sliders' step
+# labels and "slider value" annotations (a slider of many steps names its current step in one).
+NOTATION_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+    const titles = [], text = (t) => (t && typeof t === 'object') ? t.text : t;
+    const axes = (lay, prefix) => { for (const [key, value] of Object.entries(lay || {})) {
+        const path = prefix + key;
+        if (/^[xy]axis\\d*\\.title(\\.text)?$/.test(path) && typeof text(value) === 'string') titles.push(text(value));
+        else if (value && typeof value === 'object' && !Array.isArray(value) && path.split('.').length < 3)
+            axes(value, path + '.'); } };
+    for (const [key, axis] of Object.entries(gd._fullLayout || {}))
+        if (/^[xy]axis\\d*$/.test(key) && axis && axis.title && axis.title.text) titles.push(axis.title.text);
+    const sliders = ((gd.layout || {}).sliders || []).map(sl => ({
+        labels: (sl.steps || []).map(st => String(st.label)),
+        values: (sl.steps || []).flatMap(st => ((st.args && st.args[1] && st.args[1].annotations) || [])
+            .filter(a => a && a.name === 'slider value').map(a => a.text)),
+    }));
+    for (const sl of ((gd.layout || {}).sliders || [])) for (const st of (sl.steps || [])) axes(st.args && st.args[1], '');
+    return {titles, sliders}; })"""
+
+# Every code cell's box on the page (hidden inputs opened first): how wide its code is and how wide its box.
+CODE_WIDTH_JS = """() => { document.querySelectorAll('details').forEach(d => { d.open = true; });
+    document.querySelectorAll('.toggle-hidden, .hide-input .cell_input').forEach(e => e.classList.remove('toggle-hidden'));
+    return Array.from(document.querySelectorAll('div.cell_input pre')).filter(p => p.offsetParent !== null)
+        .map(p => ({scroll: p.scrollWidth, client: p.clientWidth,
+                    first: (p.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a, '')).slice(0, 60)})); }"""
+
+RETIRED_AXIS = re.compile(r"j\s*[−-]\s*i\b|key position n\b")  # notation.md: D = j − m, j the key, m the query
+INDEX_LABEL = re.compile(r"\b\d+\s+of\s+\d+\b")  # "7 of 31": a step's index, not its value
+
+
+def notation_problems(figures: list, labels_max: int) -> list[str]:
+    """What a page's figures break of notation.md and of value-labelled sliders (see NOTATION_JS)."""
+    problems = []
+    for i, f in enumerate(figures):
+        problems += [f"figure {i}: axis title {t!r} uses a retired symbol" for t in f["titles"] if RETIRED_AXIS.search(t)]
+        for s, sl in enumerate(f["sliders"]):
+            labels = sl["labels"]
+            problems += [f"figure {i}: slider {s} step {t!r} is an index" for t in labels + sl["values"]
+                         if INDEX_LABEL.search(t)]
+            if len(labels) > labels_max and labels == [str(n) for n in range(1, len(labels) + 1)]:
+                problems.append(f"figure {i}: slider {s} is labelled 1..{len(labels)}, not by its values")
+    return problems
+
+
+def test_notation_problems_finds_retired_symbols_and_index_labels():
+    good = [{"titles": ["relative position D = j − m (tokens)", "key position j (tokens)"],
+             "sliders": [{"labels": [str(L) for L in range(16, 264, 8)], "values": ["test length L = 16 tokens"]}]}]
+    assert notation_problems(good, 6) == []
+    bad = [{"titles": ["D = j − i (tokens)", "key position n (tokens)", "D = j - i"],
+            "sliders": [{"labels": [str(n) for n in range(1, 13)], "values": ["encoding: 7 of 12, ALiBi"]}]}]
+    found = notation_problems(bad, 6)
+    assert len(found) == 5, found
+
+
+@needs_browser
+@pytest.mark.parametrize("page_name", PAGES)
+def test_figures_keep_the_notation_and_label_sliders_by_value(browser, page_name):
+    """No axis title says "j − i" or "key position n" (notation.md: the key is j, the query m, D = j − m), in any
+    slider step either; slider steps are labelled by their values (numbers or names), never "7 of 31" or 1..N."""
+    from lengthgen_utils.book.render import SLIDER_LABELS_MAX
+
+    page, errors, blocked = open_page(browser, page_name, dark=False)
+    try:
+        problems = notation_problems(page.evaluate(NOTATION_JS), SLIDER_LABELS_MAX)
+        assert not problems, f"{page_name}:\n  " + "\n  ".join(problems[:40])
+    finally:
+        page.context.close()
+
+
+@needs_browser
+@pytest.mark.parametrize("page_name", PAGES)
+def test_code_cells_do_not_scroll_sideways_at_1280_px(browser, page_name):
+    """The notebooks' code is formatted to 88 columns; at a 1280 px window every code cell (hidden ones opened)
+    shows its longest line without a horizontal scroll bar."""
+    page, errors, blocked = open_page(browser, page_name, dark=False, width=1280)
+    try:
+        cells = page.evaluate(CODE_WIDTH_JS)
+        wide = [c for c in cells if c["scroll"] > c["client"] + 1]
+        assert not wide, f"{page_name}: {len(wide)} of {len(cells)} code cells scroll sideways at 1280 px: " + \
+            "; ".join(f"{c['scroll']} > {c['client']} px ({c['first']!r})" for c in wide[:5])
     finally:
         page.context.close()
 
