@@ -32,7 +32,7 @@ import warnings
 from html import escape
 from pathlib import Path
 
-from .._validate import env_path
+from .._validate import book_root, env_path, env_value
 from ..run.cache import REPO_ROOT
 from ..run.profiles import get_profile
 
@@ -150,8 +150,8 @@ def run_id() -> str:
     Raises:
         ValueError: ``$LENGTHGEN_RUN_ID`` is not 1-100 letters, digits, ``.``, ``_`` or ``-`` (it names a folder).
     """
-    value = os.environ.get(RUN_ENV, "")
-    if not value:
+    value = env_value(RUN_ENV)
+    if value is None:
         return "interactive"
     if not _RUN_ID.fullmatch(value):
         raise ValueError(f"${RUN_ENV} must be 1-100 letters, digits, '.', '_' or '-' starting with a letter or "
@@ -162,16 +162,6 @@ def run_id() -> str:
 def new_run_id(kind: str) -> str:
     """A fresh run id such as ``build-20261201T200000-12345`` (``kind``, UTC time, process id)."""
     return f"{kind}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
-
-
-def book_root(start: Path | None = None) -> Path:
-    """The book being run: the nearest folder at or above ``start`` (default: the working directory) that
-    holds ``_toc.yml``; this package's repository when there is none."""
-    here = Path.cwd() if start is None else Path(start)
-    for folder in (here, *here.parents):
-        if (folder / "_toc.yml").is_file():
-            return folder
-    return REPO_ROOT
 
 
 def claims_dir() -> Path:
