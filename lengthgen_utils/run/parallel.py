@@ -101,6 +101,9 @@ def parallel_map(fn: Callable, items: Iterable, workers: int | None = None) -> l
         _WORKER.active, _WORKER.stop = True, stop
         try:
             return fn(item)
+        except BaseException:
+            stopping.set()  # before this worker takes another item: nothing new starts after a failure
+            raise
         finally:
             _WORKER.active, _WORKER.stop = False, None
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from ..book.scoreboard import CLAIMS_ENV, RUN_ENV, new_run_id
 from ..run.cache import CACHE_ENV, REPO_ROOT
 from ..run.profiles import PROFILE_ENV, PROFILES, get_profile
-from .._validate import check_int
+from .._validate import check_int, env_value
 from ..run.training import THREADS_ENV, default_cpu_threads
 
 PROG = "python -m lengthgen_utils.tools.buildtime"
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     os.environ.update(kernel_environment(work / "cache", work / "claims", profile))
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks of _toc.yml in the order the build runs them; "
-          f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={os.environ.get(THREADS_ENV) or 'unset'}, "
+          f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={env_value(THREADS_ENV) or 'unset'}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
           f"load average {load0}", flush=True)
     passes = ("cold", "warm")[: 1 if args.cold_only else 2]
