@@ -102,6 +102,7 @@ def _client_class():
 
                 def on_interrupt():
                     self.interrupted = True
+                    self.shutdown_kernel = "immediate"  # the run is over: no graceful shutdown to wait for
                     if self.km is not None:
                         asyncio.ensure_future(ensure_async(self.km.interrupt_kernel()))
 
