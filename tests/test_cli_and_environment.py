@@ -27,6 +27,8 @@ from lengthgen_utils.run import cache, training
 from lengthgen_utils.run.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_SEED_BASE = (2**63 - seeding.SEED_STRIDE) // seeding.SEED_STRIDE  # every effective seed fits 64 bits
+MAX_THREADS = 1024
 COMMANDS = {
     "run": ["-m", "lengthgen_utils", "run", "--suite", "single-head"],
     "robustness": ["-m", "lengthgen_utils", "robustness", "--chapters", "01"],
@@ -127,7 +129,7 @@ def test_every_lengthgen_variable_is_read_through_one_function():
 
 
 # ---------------------------------------------------------------- integers that overflow later
-@pytest.mark.parametrize("value", ["2000000000000", str(2**64), str(seeding.MAX_SEED_BASE + 1)])
+@pytest.mark.parametrize("value", ["2000000000000", str(2**64), str(MAX_SEED_BASE + 1)])
 def test_a_seed_base_that_would_overflow_torch_is_refused_naming_the_variable(monkeypatch, value):
     """Before: ``LENGTHGEN_SEED=2000000000000`` passed, then torch failed ("Overflow when unpacking long")."""
     monkeypatch.setenv("LENGTHGEN_SEED", value)
@@ -136,11 +138,12 @@ def test_a_seed_base_that_would_overflow_torch_is_refused_naming_the_variable(mo
 
 
 def test_the_largest_seed_base_seeds_every_generator(monkeypatch):
-    monkeypatch.setenv("LENGTHGEN_SEED", str(seeding.MAX_SEED_BASE))
+    assert seeding.MAX_SEED_BASE == MAX_SEED_BASE and training.MAX_THREADS == MAX_THREADS
+    monkeypatch.setenv("LENGTHGEN_SEED", str(MAX_SEED_BASE))
     seeding.generator(seeding.SEED_STRIDE - 1)  # the largest effective seed: no overflow
 
 
-@pytest.mark.parametrize("value", [str(2**31), str(2**40), str(training.MAX_THREADS + 1)])
+@pytest.mark.parametrize("value", [str(2**31), str(2**40), str(MAX_THREADS + 1)])
 def test_a_thread_count_that_would_overflow_torch_is_refused_naming_the_variable(monkeypatch, value):
     monkeypatch.setenv("LENGTHGEN_THREADS", value)
     with pytest.raises(ValueError, match="LENGTHGEN_THREADS"):

@@ -33,7 +33,6 @@ from html import escape
 from pathlib import Path
 
 from .._validate import book_root, env_path, env_value
-from ..run.cache import REPO_ROOT
 from ..run.profiles import get_profile
 
 CLAIMS_ENV = "LENGTHGEN_CLAIMS"
