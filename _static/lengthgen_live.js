@@ -135,11 +135,43 @@
     // ------------------------------------------------------------------ the head
     const PARAM_NAMES = ["embed", "u", "w_q", "w_k", "w_v", "w_o", "table"];
 
+    // ------------------------------------------------------------------ inputs, checked at the edge
+    // What the trainer cannot train is refused here, naming the setting, its value and what is allowed
+    // (the panel shows the message), never trained into a NaN, a wrapped token id or an untrained head.
+    const MAX_VOCAB = 65535;  // token ids 0 .. V (the query token) are stored in at most 32-bit integer arrays
+
+    function checkInt(name, value, min, max) {
+      if (typeof value !== "number" || !Number.isInteger(value)) {
+        throw new Error(`${name} must be a whole number; got ${value}`);
+      }
+      if (value < min || (max !== undefined && value > max)) {
+        throw new Error(`${name} must be ${max === undefined ? `>= ${min}` : `in [${min}, ${max}]`}; got ${value}`);
+      }
+      return value;
+    }
+
+    function checkReal(name, value, min, allowMin) {
+      if (typeof value !== "number" || !Number.isFinite(value) || value < min || (value === min && !allowMin)) {
+        throw new Error(`${name} must be a finite number ${allowMin ? ">=" : ">"} ${min}; got ${value}`);
+      }
+      return value;
+    }
+
+    /** Token ids 0 .. V (V the query token) for n tokens: bytes while they fit, 32-bit integers beyond. */
+    function tokenArray(V, n) { return V <= 255 ? new Uint8Array(n) : new Int32Array(n); }
+
     function headConfig(cfg) {
       const c = {
         vocab: cfg.vocab ?? 16, dModel: cfg.dModel ?? 32, dHead: cfg.dHead ?? 16,
         pe: cfg.pe ?? "rope", base: cfg.base ?? 10000, maxLen: cfg.maxLen ?? 256,
       };
+      checkInt("vocab", c.vocab, 2, MAX_VOCAB);
+      checkInt("d_model", c.dModel, 1);
+      checkInt("d_head", c.dHead, 1);
+      checkInt("max_len", c.maxLen, 1);
+      if (!(typeof c.base === "number" && Number.isFinite(c.base) && c.base > 1)) {
+        throw new Error(`the RoPE base must be a finite number > 1; got ${c.base}`);
+      }
       if (!(c.pe in ENCODINGS)) throw new Error(`unknown encoding ${c.pe}`);
       if (c.pe === "rope" && c.dHead % 2) throw new Error(`RoPE needs an even d_head; got ${c.dHead}`);
       return c;
@@ -479,7 +511,9 @@
     }
 
     function checkTask(offset, trainLen, minLen) {
-      if (!(offset >= 1)) throw new Error(`offset must be >= 1; got ${offset}`);
+      checkInt("offset", offset, 1);
+      checkInt("train_len", trainLen, 1);
+      checkInt("the shortest training length", minLen, 1);
       if (trainLen < offset + 2) {
         throw new Error(`offset k = ${offset} needs training sequences of at least k + 2 = ${offset + 2} tokens; ` +
                         `the training length is ${trainLen}`);
@@ -503,8 +537,12 @@
       const minLen = opts.minTrainLen ?? offset + 2;
       const lr = opts.lr ?? 1e-2, wd = opts.weightDecay ?? 0;
       checkTask(offset, trainLen, minLen);
+      if (!opts.batches) checkInt("steps", steps, 1);
+      else if (steps < 1) throw new Error("batches must hold at least one batch");
+      checkReal("lr", lr, 0, false);
+      checkReal("weight_decay", wd, 0, true);
       const V = heads[0].V;
-      const B = opts.batchSize;
+      const B = opts.batches ? 1 : checkInt("batch_size", opts.batchSize, 1);
       const rng = makeRng(opts.dataSeed ?? 0, STREAM.data);
       const tokens = new Int32Array(B * trainLen);
       const M = heads.length;
@@ -589,9 +627,12 @@
       const rng = makeRng(seed ?? 12345, STREAM.eval);
       const V = heads[0].V;
       const out = heads.map(() => new Array(lengths.length).fill(0));
+      checkInt("offset", offset, 1);
+      checkInt("samples", n, 1);
+      if (!Array.isArray(lengths) || lengths.length === 0) throw new Error(`lengths must be a non-empty list; got ${lengths}`);
+      lengths.forEach((L) => checkInt("length", L, offset + 2));
       lengths.forEach((L, li) => {
-        if (L < offset + 2) throw new Error(`length ${L} is too short for offset ${offset}`);
-        const tokens = new Uint8Array(n * L);
+        const tokens = tokenArray(V, n * L);
         sampleTokens(rng, tokens, n, L, V);
         heads.forEach((h, m) => { out[m][li] = correctOnTokens(h, tokens, n, L, offset) / n; });
       });

@@ -300,6 +300,45 @@ def normalize_numbers(config) -> None:
             object.__setattr__(config, f.name, plain)
 
 
+# ---------------------------------------------------------------- environment variables
+def env_value(variable: str) -> str | None:
+    """The value of environment variable ``variable``, surrounding spaces stripped; None when it is unset or empty.
+
+    The one convention of every ``LENGTHGEN_*`` variable: an empty (or blank) value means the same as an
+    unset one, and ``' quick '`` means ``'quick'``. Every variable the package reads goes through here.
+    """
+    value = os.environ.get(variable)
+    if value is None:
+        return None
+    return value.strip() or None
+
+
+def env_int(variable: str, minimum: int, maximum: int, meaning: str) -> int | None:
+    """``$variable`` as an integer in ``[minimum, maximum]``, or None when it is unset or empty (:func:`env_value`).
+
+    The bound keeps a value that would overflow inside torch later (a seed past 64 bits, a thread count
+    past 32 bits) from passing here: it is refused at the edge, naming the variable.
+
+    Args:
+        variable: the variable's name, e.g. ``"LENGTHGEN_SEED"``.
+        minimum, maximum: the allowed range (inclusive).
+        meaning: what the value is, for the message (``"the seed base"``).
+
+    Raises:
+        ValueError: a value that is not a whole number written in decimal digits (``-1``, ``2.5``, ``abc``,
+            ``1e3``), or one outside the range; the message names the variable and its value.
+    """
+    value = env_value(variable)
+    if value is None:
+        return None
+    digits = value[1:] if value[:1] == "+" else value
+    number = int(digits) if digits.isascii() and digits.isdigit() else None
+    if number is None or not minimum <= number <= maximum:
+        raise ValueError(f"${variable} must be an integer >= {minimum} and <= {maximum} ({meaning}); "
+                         f"got {variable}={os.environ[variable]!r}")
+    return number
+
+
 # ---------------------------------------------------------------- paths from environment variables
 def expand_path(name: str, value) -> Path:
     """``value`` (a path given as ``name``: an argument or ``$VARIABLE``) as a ``Path`` with ``~`` expanded.
@@ -322,20 +361,61 @@ def expand_path(name: str, value) -> Path:
     return Path(expanded)
 
 
+PACKAGE_REPOSITORY = Path(__file__).resolve().parent.parent
+"""The repository this package was imported from (the folder holding ``lengthgen_utils``)."""
+
+
+def book_root(start: Path | None = None) -> Path:
+    """The book being run: the nearest folder at or above ``start`` (default: the working directory) that
+    holds ``_toc.yml``; this package's repository when there is none.
+
+    A chapter runs in ``chapters/``, the scoreboard in the book's root and the command line wherever it is
+    started: all of them inside one book find the same folder here.
+    """
+    here = Path.cwd() if start is None else Path(start)
+    for folder in (here, *here.parents):
+        if (folder / "_toc.yml").is_file():
+            return folder
+    return PACKAGE_REPOSITORY
+
+
 def env_path(variable: str, default=None) -> Path | None:
-    """The path in environment variable ``variable`` with ``~`` expanded, or ``default`` when it is unset or empty.
+    """The path in environment variable ``variable``, absolute, or ``default`` when it is unset or empty.
 
     Every path the package reads from the environment goes through here (``$LENGTHGEN_CACHE``,
-    ``$LENGTHGEN_CLAIMS``), so ``LENGTHGEN_CACHE=~/lg-cache`` means the folder in the home folder, never a
-    folder literally named ``~`` in the working directory.
+    ``$LENGTHGEN_CLAIMS``): ``~`` is expanded (``LENGTHGEN_CACHE=~/lg-cache`` means the folder in the home
+    folder, never a folder literally named ``~``), and a relative path is resolved once, against one base,
+    the book's root (:func:`book_root`: the nearest folder holding ``_toc.yml`` at or above the working
+    directory), never against each process's working directory: a chapter (run in ``chapters/``) and the
+    scoreboard (run in the book's root) then read and write the same folder.
 
     Raises:
         ValueError: the value starts with a ``~`` that names no home folder (see :func:`expand_path`).
     """
-    value = os.environ.get(variable, "")
-    if not value:
+    value = env_value(variable)
+    if value is None:
         return default
-    return expand_path(f"${variable}", value)
+    path = expand_path(f"${variable}", value)
+    return path if path.is_absolute() else book_root() / path
+
+
+def check_output_file(name: str, value) -> Path:
+    """``value`` as the path of a file a command will write (``--output``), checked before any work.
+
+    Raises:
+        TypeError: ``value`` is not a string or path.
+        ValueError: it names an existing folder, or a folder above it is a file (nothing could be written
+            there); the message names ``name`` and the path.
+    """
+    path = expand_path(name, value)
+    if path.is_dir():
+        raise ValueError(f"{name} {str(path)!r} is a folder; give the path of a file to write")
+    for above in path.parents:
+        if above.exists():
+            if not above.is_dir():
+                raise ValueError(f"{name} {str(path)!r} cannot be written: {str(above)!r} is a file, not a folder")
+            break
+    return path
 
 
 # ---------------------------------------------------------------- devices

@@ -379,3 +379,69 @@ def test_retrain_time_at_the_chapters_default_budget(page):
     print(f"\nretrain of 2 encodings x 3 seeds, 2000 steps of 256, evaluated at 5 lengths x 2048 sequences: "
           f"{ms / 1000:.2f} s in two workers ({cores} cores reported)")
     assert min(first) >= 0.95  # every head fitted the training length
+
+
+# ---------------------------------------------------------------- what the page's trainer refuses
+JS_RUN_JOB = """([head, train, evaluate]) => { const C = window.LengthgenLive.core;
+    try {
+        const out = C.runJob({head, models: [{pe: head.pe || "rope", seed: 0}], train, eval: evaluate});
+        return {ok: true, results: out.results};
+    } catch (err) { return {ok: false, message: String(err.message)}; } }"""
+GOOD_TRAIN = {"steps": 3, "batchSize": 8, "lr": 1e-2, "weightDecay": 0, "trainLen": 16, "offset": 3,
+              "dataSeed": 0}
+GOOD_EVAL = {"lengths": [16, 32], "samples": 16, "seed": 99}
+
+
+@pytest.mark.parametrize("where, setting, value, named", [
+    ("train", "offset", 2.5, "offset"),
+    ("train", "offset", float("nan"), "offset"),
+    ("train", "trainLen", float("nan"), "train_len"),
+    ("train", "trainLen", 16.5, "train_len"),
+    ("train", "batchSize", 0, "batch_size"),
+    ("train", "batchSize", 2.5, "batch_size"),
+    ("train", "lr", float("nan"), "lr"),
+    ("train", "lr", 0, "lr"),
+    ("train", "lr", -1e-2, "lr"),
+    ("train", "weightDecay", float("nan"), "weight_decay"),
+    ("train", "steps", 0, "steps"),
+    ("train", "steps", 1.5, "steps"),
+    ("eval", "lengths", [16, 32.5], "length"),
+    ("eval", "lengths", [float("nan")], "length"),
+    ("eval", "samples", 0, "samples"),
+    ("head", "vocab", 1, "vocab"),
+    ("head", "vocab", 2.5, "vocab"),
+    ("head", "dModel", 0, "d_model"),
+])
+def test_the_page_refuses_what_it_cannot_train_naming_the_setting(page, where, setting, value, named):
+    """Each input the trainer cannot train (a fractional or NaN offset or length, batch size 0, a NaN or
+    non-positive learning rate, 0 steps, ...) is refused with a message naming it, the message the panel
+    shows ("The retrain failed: ..."); on the old page these trained to NaN ("diverged"), returned an
+    untrained head or a meaningless accuracy without a word."""
+    head, train, evaluate = {"pe": "rope", "vocab": 16}, dict(GOOD_TRAIN), dict(GOOD_EVAL)
+    {"train": train, "eval": evaluate, "head": head}[where][setting] = value
+    out = page.evaluate(JS_RUN_JOB, [head, train, evaluate])
+    assert not out["ok"], f"{setting}={value!r} was accepted: {out}"
+    assert named in out["message"], out["message"]
+    good = page.evaluate(JS_RUN_JOB, [{"pe": "rope", "vocab": 16}, GOOD_TRAIN, GOOD_EVAL])
+    assert good["ok"] and good["results"][0]["finite"], good  # the same job with good settings trains
+
+
+def test_a_vocabulary_above_255_is_evaluated_on_its_own_token_ids(page):
+    """With V = 300 the page's evaluation stores token ids 0 .. 300 without wrapping them at 256 (the old page
+    used bytes, so ids 256-299 read as 0-43 and the accuracy moved). A package-trained head whose value rows
+    for ids 0-43 are zeroed answers those ids wrong: its accuracy is about 1 - 44/300 = 0.85 on true ids and
+    about 1 - 88/300 = 0.71 when ids wrap. The page's accuracy on its own sequences must match the package's
+    within sampling error."""
+    vocab, offset, n = 300, 1, 2000
+    task = FixedOffsetRetrieval(vocab, offset)
+    model = RetrievalHead(vocab, pe="rope", max_len=64, n_models=1, seeds=[0]).double()
+    train(model, task, steps=400, batch_size=256, lr=3e-2, train_len=16, device="cpu")
+    with torch.no_grad():
+        model.embed[:, :44] = 0  # the value of tokens 0 .. 43 is zero: the head cannot name them
+    acc = float(accuracy_by_length(model, task, [16], n_samples=n)[0, 0])
+    assert 0.78 <= acc <= 0.90, f"the package's head should be right except on ids 0-43: {acc}"
+    own = page.evaluate("""([cfg, params, n]) => { const C = window.LengthgenLive.core;
+        return C.accuracyByLength([C.headFromParams(cfg, params)], 1, [16], n, 99)[0][0]; }""",
+                        [{"pe": "rope", "vocab": vocab, "maxLen": 64}, _params(model), n])
+    p = min(max(acc, 1 / n), 1 - 1 / n)
+    assert abs(own - acc) <= 5 * math.sqrt(p * (1 - p) / n) + 2 / n, (own, acc)

@@ -244,10 +244,10 @@ def test_gradient_descent_closed_form_is_finite_at_a_step_size_on_the_edge(nudge
 def test_starting_a_run_removes_its_own_records_and_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setenv(scoreboard.CLAIMS_ENV, str(tmp_path))
     monkeypatch.setenv(scoreboard.RUN_ENV, "build-x")
-    scoreboard.record_claim("C1", "reproduced", "x", {"n": 1}, chapter="chapters/01_retrieval_task")
     c = checks.Checks("chapters/01_retrieval_task")
     c.at_least("a", 1, 0)
-    c.finish()
+    c.finish()  # a chapter's checks, then its claim (finish removes the chapter's earlier claims of the run)
+    scoreboard.record_claim("C1", "reproduced", "x", {"n": 1}, chapter="chapters/01_retrieval_task")
     mine = tmp_path / "build-x" / "notes.json"
     mine.write_text('{"a user": "file"}')
     (tmp_path / "other-run").mkdir()

@@ -163,14 +163,19 @@ class Checks:
     def finish(self, show: bool = False) -> None:
         """Write every check to the run's records, then raise ``AssertionError`` naming each failed one.
 
+        The chapter's claim records of this run are removed first
+        (:func:`~lengthgen_utils.book.scoreboard.forget_chapter`): its ``record_claim`` after this call writes
+        them again, so a re-run whose checks fail leaves no earlier claim on the scoreboard.
+
         Args:
             show: also print :meth:`summary` when every check passed.
 
         Raises:
             AssertionError: at least one check failed (the message lists them all with their values).
         """
-        from .scoreboard import checks_path
+        from .scoreboard import checks_path, forget_chapter
 
+        forget_chapter(self.chapter)  # a claim never outlives the checks that made it (re-recorded if they pass)
         path = checks_path(self.chapter)
         folder = path.parent
         folder.mkdir(parents=True, exist_ok=True)

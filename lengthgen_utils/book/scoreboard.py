@@ -32,8 +32,7 @@ import warnings
 from html import escape
 from pathlib import Path
 
-from .._validate import env_path
-from ..run.cache import REPO_ROOT
+from .._validate import book_root, env_path, env_value
 from ..run.profiles import get_profile
 
 CLAIMS_ENV = "LENGTHGEN_CLAIMS"
@@ -150,8 +149,8 @@ def run_id() -> str:
     Raises:
         ValueError: ``$LENGTHGEN_RUN_ID`` is not 1-100 letters, digits, ``.``, ``_`` or ``-`` (it names a folder).
     """
-    value = os.environ.get(RUN_ENV, "")
-    if not value:
+    value = env_value(RUN_ENV)
+    if value is None:
         return "interactive"
     if not _RUN_ID.fullmatch(value):
         raise ValueError(f"${RUN_ENV} must be 1-100 letters, digits, '.', '_' or '-' starting with a letter or "
@@ -164,16 +163,6 @@ def new_run_id(kind: str) -> str:
     return f"{kind}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
 
 
-def book_root(start: Path | None = None) -> Path:
-    """The book being run: the nearest folder at or above ``start`` (default: the working directory) that
-    holds ``_toc.yml``; this package's repository when there is none."""
-    here = Path.cwd() if start is None else Path(start)
-    for folder in (here, *here.parents):
-        if (folder / "_toc.yml").is_file():
-            return folder
-    return REPO_ROOT
-
-
 def claims_dir() -> Path:
     """The folder of every run's records: ``$LENGTHGEN_CLAIMS`` (``~`` expanded), else
     ``<book>/_build/claims`` for the book of :func:`book_root`."""
@@ -183,6 +172,69 @@ def claims_dir() -> Path:
 def run_dir() -> Path:
     """This run's records: ``claims_dir() / run_id()``."""
     return claims_dir() / run_id()
+
+
+CHAPTER_PAGE = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
+"""A chapter as a record names it: the notebook's path in the book without its suffix
+(``chapters/04_carrier_kernel``): letters, digits, ``_`` and ``-`` between slashes, so never a scheme
+(``javascript:``), a ``..`` or an address outside the book."""
+_FINDING = re.compile(r"X:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def provenance() -> dict:
+    """Under what this process computes: what every claim record carries and :func:`load_claims` compares.
+
+    Returns:
+        ``{"profile", "seed_base", "code", "threads", "cpu_kernels", "torch"}``: the profile's name, the seed
+        base (``$LENGTHGEN_SEED``), the package's code fingerprint (the one the results cache keys on),
+        the intra-op thread count of each path (``$LENGTHGEN_THREADS`` or the package's rule), the CPU
+        kernels torch dispatches to (``$ATEN_CPU_CAPABILITY``, or ``"native"``) and torch's version.
+        Each can move a number a claim rests on.
+
+    Raises:
+        ValueError: a bad ``$LENGTHGEN_PROFILE``, ``$LENGTHGEN_SEED`` or ``$LENGTHGEN_THREADS``.
+    """
+    import torch
+
+    from ..core.seeding import seed_base
+    from ..run.cache import code_fingerprint
+    from ..run.training import CPU_THREADS, default_cpu_threads
+
+    return {"profile": get_profile().name, "seed_base": seed_base(), "code": code_fingerprint(),
+            "threads": {path: default_cpu_threads(path) for path in CPU_THREADS},
+            "cpu_kernels": (os.environ.get("ATEN_CPU_CAPABILITY") or "native").strip().lower(),
+            "torch": torch.__version__}
+
+
+def provenance_mismatch(record: dict, current: dict | None = None) -> list[str]:
+    """What in ``record``'s provenance differs from ``current`` (default :func:`provenance`), one
+    ``"seed base 3 (this run: 0)"`` per field; ``["no provenance"]`` for a record that carries none."""
+    current = provenance() if current is None else current
+    made = record.get("provenance")
+    if not isinstance(made, dict):
+        return ["no provenance (a record from an older version of the package)"]
+    return [f"{key.replace('_', ' ')} {made.get(key)!r} (this run: {value!r})"
+            for key, value in current.items() if made.get(key) != value]
+
+
+def forget_chapter(chapter: str) -> int:
+    """Remove this run's claim records made by ``chapter``; returns how many.
+
+    Called by :meth:`~lengthgen_utils.book.checks.Checks.finish` before it writes the chapter's checks: a
+    claim never outlives the checks that made it. A chapter re-run in the same run (a Jupyter session,
+    ``pytest`` with a fixed ``$LENGTHGEN_RUN_ID``) whose checks now fail leaves no earlier "reproduced"
+    behind; passing, it records the claim again.
+    """
+    folder, removed = run_dir(), 0
+    for path in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and {"claim", "status"} <= record.keys() and record.get("chapter") == chapter:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def clear_run() -> int:
@@ -237,8 +289,12 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
             the stated one (raised after the record is written, so the scoreboard shows both).
         TypeError: numbers JSON cannot hold; malformed evidence.
     """
-    if claim not in CLAIMS and not (isinstance(claim, str) and claim.startswith("X:")):
-        raise ValueError(f"claim must be one of {tuple(CLAIMS)} or 'X:<name>'; got {claim!r}")
+    if claim not in CLAIMS and not (isinstance(claim, str) and _FINDING.fullmatch(claim)):
+        raise ValueError(f"claim must be one of {tuple(CLAIMS)} or 'X:<name>', the name 1-64 letters, digits, "
+                         f"'_', '.' or '-' (it names the record's file; no '/'); got {claim!r}")
+    if not isinstance(chapter, str) or (chapter and not CHAPTER_PAGE.fullmatch(chapter)):
+        raise ValueError("chapter must be the chapter's path in the book without its suffix (e.g. "
+                         f"'chapters/04_carrier_kernel': letters, digits, '_', '-' and '/'); got {chapter!r}")
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}; got {status!r}")
     derived, kept = status, None
@@ -256,15 +312,19 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
                 for c in chosen[role]]
     record = {"claim": claim, "status": derived, "stated": status, "derived": evidence is not None,
               "evidence": kept, "summary": str(summary), "numbers": dict(numbers or {}),
-              "chapter": chapter, "profile": get_profile().name, "run": run_id(),
+              "chapter": chapter, "profile": get_profile().name, "run": run_id(), "provenance": provenance(),
               "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     text = json.dumps(record, indent=1, allow_nan=False)
     folder = run_dir()
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, folder / f"{claim.replace(':', '_')}.json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, folder / f"{claim.replace(':', '_')}.json")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     if derived != status:
         raise ValueError(f"{claim}: the chapter states {status!r} but its evidence gives {derived!r} "
                          f"({STATUS_RULE} on {kept})")
@@ -274,11 +334,14 @@ def load_claims() -> dict:
     """Every record of this run (:func:`run_dir`), by claim: ``{claim: record}`` (empty when nothing was recorded).
 
     A record whose ``run`` is another run's (a file copied or left in this run's folder) is refused: it is
-    left out, with a ``RuntimeWarning`` that names it and the run it belongs to.
+    left out, with a ``RuntimeWarning`` that names it and the run it belongs to. So is a record whose
+    provenance (:func:`provenance`: profile, seed base, code version, thread counts, CPU kernels, torch)
+    differs from this process's, or that carries none: the warning names each field that differs.
     """
     folder, current = run_dir(), run_id()
     if not folder.is_dir():
         return {}
+    here = provenance()
     claims = {}
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
@@ -286,6 +349,11 @@ def load_claims() -> dict:
             warnings.warn(f"claims record {path.name} ({record.get('claim')}) belongs to run "
                           f"{record.get('run')!r}, not to this run {current!r}: left out", RuntimeWarning,
                           stacklevel=2)
+            continue
+        differs = provenance_mismatch(record, here)
+        if differs:
+            warnings.warn(f"claims record {path.name} ({record.get('claim')}) was made under other settings than "
+                          f"this run: {'; '.join(differs)}: left out", RuntimeWarning, stacklevel=2)
             continue
         claims[record["claim"]] = record
     return claims
@@ -390,9 +458,14 @@ def number_label(key: str) -> str:
 
 def chapter_link(chapter: str) -> tuple[str, str]:
     """``("ch. 4", "chapters/04_carrier_kernel.html")`` for ``"chapters/04_carrier_kernel"``: the chapter's short
-    name and its page, relative to the book's root (where the scoreboard page sits); ``("", "")`` for ``""``."""
+    name and its page, relative to the book's root (where the scoreboard page sits); ``("", "")`` for ``""``.
+
+    Only the book's own pages become links: a chapter string that is not a path of :data:`CHAPTER_PAGE`'s form
+    (``javascript:...``, ``https://...``, ``../x``) comes back as its text with no page."""
     if not chapter:
         return "", ""
+    if not isinstance(chapter, str) or not CHAPTER_PAGE.fullmatch(chapter):
+        return str(chapter), ""  # not a page of the book (a scheme, '..', another site): shown, never linked
     stem = chapter.rsplit("/", 1)[-1]
     number = stem.split("_", 1)[0]  # "04", or "05b" for a chapter between 5 and 6
     digits = number.rstrip("abcdefghijklmnopqrstuvwxyz")
@@ -410,7 +483,8 @@ def scoreboard_table(claims: dict | None = None):
         a ``pandas.DataFrame``, one row per claim, with columns claim (``"C1"``), chapter (``"ch. 1"``), chapter
         page (its HTML page relative to the book's root), the paper says (our split of the abstract), status,
         what the book measured (the chapter's summary), key numbers (one ``"label: value"`` per line, labels
-        from :func:`number_label`) and profile; a claim without a record says "not run in this build" and
+        from :func:`number_label`), profile, seed base and code (the record's provenance, :func:`provenance`;
+        :func:`load_claims` keeps only records made under this run's); a claim without a record says "not run in this build" and
         leaves the other columns empty. :func:`scoreboard_html` lays it out for the page.
     """
     import pandas as pd
@@ -426,7 +500,9 @@ def scoreboard_table(claims: dict | None = None):
                      "the paper says": CLAIMS.get(claim, "(beyond the paper)"),
                      "status": _status_text(record),
                      "what the book measured": record.get("summary", ""),
-                     "key numbers": numbers, "profile": record.get("profile", "")})
+                     "key numbers": numbers, "profile": record.get("profile", ""),
+                     "seed base": (record.get("provenance") or {}).get("seed_base", ""),
+                     "code": (record.get("provenance") or {}).get("code", "")})
     return pd.DataFrame(rows)
 
 
@@ -479,6 +555,10 @@ def scoreboard_html(table) -> str:
     else:
         caption = "Profiles: " + "; ".join(
             f"{escape(p)} ({escape(', '.join(table.loc[table['profile'] == p, 'claim']))})" for p in profiles) + "."
+    made = sorted({(str(b), str(c)) for b, c in zip(table.get("seed base", ()), table.get("code", ())) if c != ""})
+    if len(made) == 1:
+        caption += (f" Seed base {escape(made[0][0])} ($LENGTHGEN_SEED), code version {escape(made[0][1])}: every "
+                    "record was made under this run's settings (a record made under others is left out).")
     head = "".join(f'<th {cell}>{h}</th>' for h in ("claim", "the paper says", "status", "what the book measured"))
     return ('<div style="overflow-x:auto"><table class="scoreboard" style="width:100%; min-width:40em; '
             'table-layout:fixed; border-collapse:collapse; font-size:0.85em; line-height:1.35">'

@@ -388,6 +388,54 @@ def _causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = Fa
     return _fused_attention(q, k, v, mask)
 
 
+def available_memory(device) -> int | None:
+    """Bytes a new tensor can take on ``device`` now: CUDA's free memory, else the machine's available memory
+    (``MemAvailable`` of ``/proc/meminfo``, or the free physical pages); None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_attention_fits(seq_len: int, n_maps: int, dtype: torch.dtype, device, copies: int = 3) -> None:
+    """Refuse a length whose ``[..., L, L]`` attention would not fit in memory, before it is allocated.
+
+    The one check of every model and evaluation helper that builds full attention maps (the readable
+    :class:`~lengthgen_utils.core.models.Transformer`, :class:`~lengthgen_utils.core.fast.FastTransformer` when
+    it returns weights or scores): ``copies`` tensors of ``n_maps`` maps of ``seq_len^2`` numbers
+    (scores, masked scores, weights) must fit in :func:`available_memory`. Without it, a long length goes
+    straight to the allocator (``can't allocate 8589934592 bytes``) or into swap.
+
+    Args:
+        seq_len: the length L.
+        n_maps: how many ``[L, L]`` maps one tensor holds (models x sequences x heads).
+        dtype: their dtype; device: where they would live.
+        copies: how many such tensors are alive at once.
+
+    Raises:
+        ValueError: they would need more than the memory available; the message names the length, the
+            memory needed and the memory available.
+    """
+    need = copies * n_maps * seq_len * seq_len * torch.empty((), dtype=dtype).element_size()
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise ValueError(f"seq_len={seq_len}: full attention over {n_maps} map(s) of {seq_len} x {seq_len} needs "
+                         f"{need / 2**30:.1f} GiB ({copies} tensors of {dtype}) on {device}, but {free / 2**30:.1f} "
+                         "GiB is available; use a shorter length or fewer sequences per call")
+
+
 @lru_cache(maxsize=64)
 def _additive_causal_mask(seq_len: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """The 0 / -inf form of :func:`causal_mask` ``[L, L]``, built once per (length, dtype, device); never modify it."""

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import _causal_attention, _causal_mask, attention_scores
+from .attention import _causal_attention, _causal_mask, attention_scores, check_attention_fits
 from .models import Transformer, _check_tokens, _model_positions
 
 
@@ -147,6 +147,9 @@ class FastTransformer(Transformer):
         b, seq_len = tokens.shape
         m, d_model, n_heads = self.n_models, self.config.d_model, self.n_heads
         positions = _model_positions(self, seq_len, position_shift, positions, validate)
+        if collect is not None:  # weights or scores [M, B, H, L, L] per layer (else SDPA needs no [L, L] map)
+            check_attention_fits(seq_len, m * b * n_heads, self.embed.dtype, self.device,
+                                 copies=self.config.n_layers + 2)
         # every model's embedding table stacked into one: model i's token t is row i * V + t
         offsets = torch.arange(m, device=tokens.device)[:, None] * self.config.vocab_size
         rows = tokens.reshape(1, b * seq_len) + offsets

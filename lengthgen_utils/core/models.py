@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from .._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
                          per_model_ints, per_model_rows)
 from .seeding import generator
-from .attention import ROW_WEIGHTS, _causal_mask, _check_bias, attention_scores, check_attention
+from .attention import ROW_WEIGHTS, _causal_mask, _check_bias, attention_scores, check_attention, check_attention_fits
 from .attention import ELU_LINEAR, elu_linear_weights
 from .encodings import Encoding, RoPE, get_encoding
 from .rope import _kernel_features, check_relative_positions, kernel_frequencies
@@ -986,7 +986,11 @@ class Transformer(EnsembleModel):
         With ``validate=False`` the caller checked ``positions`` (the training loop: the encoding drew them, and
         :func:`~lengthgen_utils.run.training.train_sequence` checked that the encoding covers them)."""
         _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
-        positions = _model_positions(self, tokens.shape[1], position_shift, positions, validate)  # [L] on the CPU
+        b, seq_len = tokens.shape
+        positions = _model_positions(self, seq_len, position_shift, positions, validate)  # [L] on the CPU
+        # each layer keeps its weights and scores [M, B, H, L, L], one more in flight: refused before allocating
+        check_attention_fits(seq_len, self.n_models * b * self.n_heads, self.embed.dtype, self.device,
+                             copies=2 * self.config.n_layers + 1)
         x = self.embed[:, tokens]  # [M, B, L, d]: every model looks the tokens up in its own table
         added = self.encoding.embed(self.pe_params, positions)  # [M, L, d] (absolute encodings) or None
         if added is not None:

@@ -14,11 +14,9 @@ result computed under one base is never served under another.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .._validate import check_int
+from .._validate import check_int, env_int
 
 SEED_ENV = "LENGTHGEN_SEED"
 SEED_STRIDE = 10_000_019
@@ -26,23 +24,22 @@ SEED_STRIDE = 10_000_019
 for chapter 4's nulls); base ``b`` adds ``b * SEED_STRIDE``."""
 
 
+MAX_SEED_BASE = (2**63 - SEED_STRIDE) // SEED_STRIDE
+"""The largest seed base: every effective seed ``logical + SEED_STRIDE * base`` then fits a signed 64-bit
+integer (a larger base would pass as an integer here and overflow inside ``torch.Generator.manual_seed``)."""
+
+
 def seed_base() -> int:
-    """The seed base: ``$LENGTHGEN_SEED`` as an integer >= 0, or 0 when it is unset or empty.
+    """The seed base: ``$LENGTHGEN_SEED`` as an integer in ``[0, MAX_SEED_BASE]``, or 0 when it is unset or empty.
+
+    Read by :func:`~lengthgen_utils._validate.env_int` (surrounding spaces stripped, empty means unset).
 
     Raises:
-        ValueError: ``$LENGTHGEN_SEED`` is set to something that is not an integer >= 0 (e.g. ``-1``, ``abc``).
+        ValueError: ``$LENGTHGEN_SEED`` is set to something that is not such an integer (e.g. ``-1``, ``abc``,
+            ``2000000000000``, past :data:`MAX_SEED_BASE`).
     """
-    value = os.environ.get(SEED_ENV, "").strip()
-    if not value:
-        return 0
-    try:
-        base = int(value)
-    except ValueError:
-        base = -1
-    if base < 0 or str(base) != value.lstrip("+"):
-        raise ValueError(f"${SEED_ENV} must be an integer >= 0 (the seed base; 0 is the book's own seeds); "
-                         f"got {SEED_ENV}={os.environ[SEED_ENV]!r}")
-    return base
+    base = env_int(SEED_ENV, 0, MAX_SEED_BASE, "the seed base; 0 is the book's own seeds")
+    return 0 if base is None else base
 
 
 def effective_seed(seed: int) -> int:

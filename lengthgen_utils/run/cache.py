@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
-from .._validate import check_device, env_path, expand_path
+from .._validate import check_device, env_path, env_value, expand_path
 
 CACHE_ENV = "LENGTHGEN_CACHE"
 MAGIC = b"LENGTHGEN-CACHE 1\n"
@@ -99,7 +99,9 @@ def code_fingerprint() -> str:
 def cache_dir(path=None) -> Path | None:
     """The cache folder: ``path`` if given, else ``$LENGTHGEN_CACHE``, else ``<repo>/.cache/lengthgen``.
 
-    ``~`` is expanded in both (``LENGTHGEN_CACHE=~/lg-cache`` is the folder in the home folder). Returns
+    ``~`` is expanded in both (``LENGTHGEN_CACHE=~/lg-cache`` is the folder in the home folder); a relative
+    ``$LENGTHGEN_CACHE`` is resolved against the book's root (:func:`~lengthgen_utils._validate.env_path`), so
+    every chapter and the command line share one folder whatever their working directory. Returns
     ``None`` when the cache is disabled (``path`` or ``$LENGTHGEN_CACHE`` is ``"off"``). The folder is
     created on first write, not here.
 
@@ -107,7 +109,7 @@ def cache_dir(path=None) -> Path | None:
         TypeError: ``path`` is not a string or path.
         ValueError: a path that starts with a ``~`` naming no home folder (the message names it).
     """
-    value = os.environ.get(CACHE_ENV, "") if path is None else path
+    value = (env_value(CACHE_ENV) or "") if path is None else path
     if isinstance(value, str) and value.strip().lower() in ("off", "0", "false", "none"):
         return None
     if path is None:

@@ -20,8 +20,9 @@ rounding by about 1e-7 against a run on two.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import torch
 
@@ -49,13 +50,23 @@ def parallel_workers(device=None) -> int:
     return max(1, os.cpu_count() or 1)
 
 
+class Stopped(Exception):
+    """Raised inside a worker of :func:`parallel_map` between two training steps once the map is stopping
+    (another item failed, or the caller pressed Ctrl-C); the map never returns or raises it to its caller."""
+
+
 def parallel_map(fn: Callable, items: Iterable, workers: int | None = None) -> list:
     """``[fn(item) for item in items]``, computed up to ``workers`` at a time on CPU threads.
 
     For independent single-head computations: runners such as
     :func:`~lengthgen_utils.run.runners.run_retrieval` over several experiments. Results come back in the
-    order of ``items``; the first exception (in that order) is raised once every started call has ended,
-    and calls not yet started are cancelled. Called inside another map, it runs its items one by one.
+    order of ``items``. Called inside another map, it runs its items one by one.
+
+    Failure and Ctrl-C: once a call raises, no further item starts, the running calls stop at their next
+    training step (each trainer's step loop checks the map's stop flag), and the first exception, in the
+    order of ``items``, is raised. A ``KeyboardInterrupt`` (Ctrl-C) in the caller's thread does the same
+    and is raised again once every worker has ended: none keeps training in the background, and the
+    process's intra-op thread count is back to what it was before the map.
 
     Args:
         fn: called once per item, with the item.
@@ -70,6 +81,7 @@ def parallel_map(fn: Callable, items: Iterable, workers: int | None = None) -> l
         ValueError: ``workers`` < 1.
         RuntimeError: (from a call) a computation inside the map asked for more than one intra-op
             thread (a transformer): run those outside it.
+        KeyboardInterrupt: Ctrl-C while the map ran, after its workers stopped.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable; got {type(fn).__name__}")
@@ -77,20 +89,49 @@ def parallel_map(fn: Callable, items: Iterable, workers: int | None = None) -> l
     workers = parallel_workers() if workers is None else check_int("workers", workers, minimum=1)
     if workers == 1 or len(items) <= 1 or getattr(_WORKER, "active", False):
         return [fn(item) for item in items]
+    stopping = threading.Event()
+
+    def stop():  # called by the trainers between two steps (training._run_steps)
+        if stopping.is_set():
+            raise Stopped("parallel_map is stopping: another item failed or the map was interrupted")
 
     def call(item):
-        _WORKER.active = True
+        if stopping.is_set():
+            raise Stopped("parallel_map stopped before this item started")
+        _WORKER.active, _WORKER.stop = True, stop
         try:
             return fn(item)
+        except BaseException:
+            stopping.set()  # before this worker takes another item: nothing new starts after a failure
+            raise
         finally:
-            _WORKER.active = False
+            _WORKER.active, _WORKER.stop = False, None
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # before any worker starts: no call changes it while the others run
     pool = ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="lengthgen")
+    futures = []
     try:
         futures = [pool.submit(call, item) for item in items]
-        return [future.result() for future in futures]
+        wait(futures, return_when=FIRST_EXCEPTION)
+    except BaseException:  # Ctrl-C in the caller's thread: stop the workers, then raise it (below)
+        stopping.set()
+        raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if any(f.done() and not f.cancelled() and f.exception() is not None for f in futures):
+            stopping.set()
+        if stopping.is_set():
+            for future in futures:
+                future.cancel()
+        while True:  # every worker ends (within one training step once stopping), even through another Ctrl-C
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt:
+                stopping.set()
         torch.set_num_threads(previous)
+    errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+    real = [e for e in errors if not isinstance(e, Stopped)]
+    if real or errors:
+        raise (real or errors)[0]
+    return [future.result() for future in futures]

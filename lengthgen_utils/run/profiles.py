@@ -9,10 +9,9 @@ needs more runs than ``default`` can afford, ``default`` runs what fits and says
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from .._validate import check_int, check_int_sequence, check_rope_base, normalize_numbers, plain_number
+from .._validate import check_int, check_int_sequence, check_rope_base, env_value, normalize_numbers, plain_number
 from ..core.attention import check_attention
 
 PROFILE_ENV = "LENGTHGEN_PROFILE"
@@ -132,7 +131,8 @@ PROFILES = {
 
 
 def get_profile(name: str | None = None) -> Profile:
-    """The profile named ``name``, else by ``$LENGTHGEN_PROFILE``, else ``"default"``.
+    """The profile named ``name``, else by ``$LENGTHGEN_PROFILE`` (spaces stripped; empty means unset), else
+    ``"default"``.
 
     Raises:
         ValueError: the name is not one of ``quick``, ``default``, ``full``; ``$LENGTHGEN_SEED`` is set to
@@ -140,7 +140,8 @@ def get_profile(name: str | None = None) -> Profile:
     """
     from ..core.seeding import seed_base
 
-    name = name if name is not None else os.environ.get(PROFILE_ENV, "default")
+    if name is None:  # the variable by the package's one convention: spaces stripped, empty means unset
+        name = env_value(PROFILE_ENV) or "default"
     if name not in PROFILES:
         raise ValueError(f"profile must be one of {tuple(PROFILES)} (argument or ${PROFILE_ENV}); got {name!r}")
     seed_base()  # a bad $LENGTHGEN_SEED fails here, in a chapter's first cell, naming the variable

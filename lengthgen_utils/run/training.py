@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validate import check_device, check_fits, check_int, per_model_ints
+from .._validate import check_device, check_fits, check_int, env_int, per_model_ints
 from ..core.models import KernelHead, Transformer
 from ..core.tasks import IGNORE_INDEX, as_task_list, batch_targets, shared_task
 from ..core.seeding import generator
@@ -56,6 +56,10 @@ def unchanged_on_failure(model):
 
 
 THREADS_ENV = "LENGTHGEN_THREADS"
+MAX_THREADS = 1024
+"""The most intra-op threads a count may ask for (``$LENGTHGEN_THREADS``, ``num_threads``): more than any
+machine the book runs on has cores; torch keeps the count in 32 bits, so 2^31 would pass an unbounded check
+and overflow inside ``torch.set_num_threads``."""
 
 CPU_THREADS = {"single-head": 1, "transformer": 2}
 """Intra-op CPU threads of each model's training and evaluation, the one place the rule lives.
@@ -100,22 +104,15 @@ def default_cpu_threads(path="single-head") -> int:
         ``$LENGTHGEN_THREADS`` if set, else ``min(CPU_THREADS[path], os.cpu_count())``.
 
     Raises:
-        ValueError: ``$LENGTHGEN_THREADS`` is set but is not an integer >= 1, or ``path`` is unknown.
+        ValueError: ``$LENGTHGEN_THREADS`` is set but is not an integer in ``[1, MAX_THREADS]``, or ``path`` is
+            unknown.
     """
     if not isinstance(path, str):
         path = thread_path(path)
     if path not in CPU_THREADS:
         raise ValueError(f"path must be one of {tuple(CPU_THREADS)} or a model; got {path!r}")
-    value = os.environ.get(THREADS_ENV)
-    if value is None or value == "":
-        return min(CPU_THREADS[path], os.cpu_count() or 1)
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"${THREADS_ENV} must be an integer >= 1; got {value!r}")
-    return n
+    n = env_int(THREADS_ENV, 1, MAX_THREADS, "intra-op CPU threads")
+    return min(CPU_THREADS[path], os.cpu_count() or 1) if n is None else n
 
 
 def model_threads(model, num_threads: int | None = None):
@@ -133,14 +130,14 @@ def cpu_threads(n: int | None):
     ``n=None`` leaves the setting alone.
 
     Raises:
-        TypeError / ValueError: ``n`` is not an int >= 1.
+        TypeError / ValueError: ``n`` is not an int in ``[1, MAX_THREADS]``.
         RuntimeError: inside :func:`~lengthgen_utils.run.parallel.parallel_map`, ``n`` differs from the
             one thread the map pinned (another computation runs beside this one on the same setting).
     """
     if n is None:
         yield
         return
-    n = check_int("num_threads", n, minimum=1)
+    n = check_int("num_threads", n, minimum=1, maximum=MAX_THREADS)
     previous = torch.get_num_threads()
     if getattr(_WORKER, "active", False) and n != previous:
         raise RuntimeError(f"a computation inside parallel_map asked for {n} intra-op threads; the map runs "
@@ -260,6 +257,9 @@ def _run_steps(model, optimizer, batch_loss, steps: int, device, progress: bool,
         from tqdm.auto import tqdm
         bar = tqdm(total=steps, desc="training", leave=False)
     for step in range(steps):
+        stop = getattr(_WORKER, "stop", None)  # inside parallel_map: raises once the map is stopping
+        if stop is not None:
+            stop()
         loss = batch_loss()
         optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()

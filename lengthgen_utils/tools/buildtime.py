@@ -32,7 +32,10 @@ from pathlib import Path
 from ..book.scoreboard import CLAIMS_ENV, RUN_ENV, new_run_id
 from ..run.cache import CACHE_ENV, REPO_ROOT
 from ..run.profiles import PROFILE_ENV, PROFILES, get_profile
-from ..run.training import THREADS_ENV
+from .._validate import check_int, env_value
+from ..run.training import THREADS_ENV, default_cpu_threads
+
+PROG = "python -m lengthgen_utils.tools.buildtime"
 
 
 def toc_notebooks(root: Path = REPO_ROOT) -> list[Path]:
@@ -74,25 +77,74 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _client_class():
+    """nbclient's ``NotebookClient`` with Ctrl-C made an interrupt of the whole run, not a failed notebook.
+
+    nbclient answers SIGINT by shutting the kernel down under the running cell, and the caller then sees
+    a failed notebook (an ``AssertionError`` or a dead kernel) and would run the next one. This client
+    instead interrupts the kernel (the cell ends), lets nbclient shut the kernel down as after any notebook,
+    and records that it was interrupted: :func:`execute` then raises ``KeyboardInterrupt``.
+    """
+    import asyncio
+    import signal
+    from contextlib import asynccontextmanager
+
+    from nbclient import NotebookClient
+    from nbclient.util import ensure_async
+
+    class Client(NotebookClient):
+        interrupted = False
+
+        @asynccontextmanager
+        async def async_setup_kernel(self, **kwargs):
+            async with super().async_setup_kernel(**kwargs):
+                loop = asyncio.get_event_loop()
+
+                def on_interrupt():
+                    self.interrupted = True
+                    self.shutdown_kernel = "immediate"  # the run is over: no graceful shutdown to wait for
+                    if self.km is not None:
+                        asyncio.ensure_future(ensure_async(self.km.interrupt_kernel()))
+
+                try:  # replaces nbclient's handler (which shuts the kernel down under the cell) while cells run
+                    loop.add_signal_handler(signal.SIGINT, on_interrupt)
+                except (RuntimeError, NotImplementedError):  # not the main thread, or no signals here
+                    pass
+                yield
+
+    return Client
+
+
 def execute(path: Path, timeout: int) -> tuple[float, str | None, float]:
     """Execute one notebook in a fresh kernel (outputs discarded).
 
     Returns:
         ``(seconds, error, cpu_seconds)``: wall seconds, None or what failed, and the CPU seconds
         (user + system, every thread) of the kernel, which has ended when this returns.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C while the notebook ran (after its kernel was shut down): an interrupt of
+            the caller's run, never reported as a failure of this notebook.
     """
     import nbformat
-    from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = _client_class()(nb, timeout=timeout, kernel_name="python3",
+                             resources={"metadata": {"path": str(path.parent)}})
     cpu0, start = _children_cpu_seconds(), time.perf_counter()
     try:
         client.execute()
         error = None
     except Exception as err:  # a failing cell (e.g. a claim check), a timeout, a dead kernel
         error = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else ''}"
+    finally:
+        if client.km is not None and client.owns_km:  # e.g. a KeyboardInterrupt raised outside a cell
+            try:
+                client._cleanup_kernel()
+            except Exception:  # already gone
+                pass
+    if client.interrupted:
+        raise KeyboardInterrupt(f"{path.name} was interrupted")
     return time.perf_counter() - start, error, _children_cpu_seconds() - cpu0
 
 
@@ -105,27 +157,34 @@ def kernel_environment(cache: Path, claims: Path, profile: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils.tools.buildtime", description=__doc__.split("\n")[0])
+    from .cli import error_line, interrupted
+
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=tuple(PROFILES), default=None,
                         help="quick | default | full (default: $LENGTHGEN_PROFILE, else default)")
     parser.add_argument("--chapters", nargs="+", default=None,
                         help="notebooks to run (paths or name fragments, e.g. 07); default: every one in _toc.yml")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell before it fails")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell before it fails (>= 1)")
     parser.add_argument("--cold-only", action="store_true", help="skip the warm pass")
     args = parser.parse_args(argv)
-    profile = get_profile(args.profile).name
-    notebooks = toc_notebooks()
-    if args.chapters:
-        notebooks = [p for p in notebooks if any(c in str(p) for c in args.chapters)]
-        if not notebooks:
-            parser.error(f"--chapters {args.chapters} matches no notebook of _toc.yml")
+    try:  # every input checked before any work: a bad one is one line on stderr and exit status 2
+        profile = get_profile(args.profile).name  # a bad $LENGTHGEN_PROFILE or $LENGTHGEN_SEED is refused here
+        check_int("--timeout", args.timeout, minimum=1)
+        default_cpu_threads()  # a bad $LENGTHGEN_THREADS, which every kernel would otherwise meet
+        notebooks = toc_notebooks()
+        if args.chapters:
+            notebooks = [p for p in notebooks if any(c in str(p) for c in args.chapters)]
+            if not notebooks:
+                raise ValueError(f"--chapters {args.chapters} matches no notebook of _toc.yml")
+    except (ValueError, TypeError) as err:
+        return error_line(PROG, str(err))
     work = Path(tempfile.mkdtemp(prefix="lengthgen-buildtime-"))
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PROFILE_ENV, CACHE_ENV, CLAIMS_ENV, RUN_ENV,
                                             "OMP_WAIT_POLICY")}
     os.environ.update(kernel_environment(work / "cache", work / "claims", profile))
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks of _toc.yml in the order the build runs them; "
-          f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={os.environ.get(THREADS_ENV) or 'unset'}, "
+          f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={env_value(THREADS_ENV) or 'unset'}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
           f"load average {load0}", flush=True)
     passes = ("cold", "warm")[: 1 if args.cold_only else 2]
@@ -137,7 +196,10 @@ def main(argv=None) -> int:
             print(f"[{name}] results cache {'empty' if name == 'cold' else 'filled by the cold pass'}: "
                   f"{work / 'cache'}", flush=True)
             for path in notebooks:
-                seconds, error, cpu[name][path] = execute(path, args.timeout)
+                try:
+                    seconds, error, cpu[name][path] = execute(path, args.timeout)
+                except KeyboardInterrupt:
+                    return interrupted(PROG, f"stopped in {path.stem} ({name} pass); no further notebook ran")
                 times[name][path] = seconds
                 print(f"  {path.stem:<40} {seconds:7.1f} s (kernel CPU {cpu[name][path]:.1f} s)"
                       + (f"  FAILED: {error}" if error else ""), flush=True)

@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from .._validate import check_device
+from .._validate import check_device, check_output_file
 from ..run import cache as _cache
 from ..run.profiles import PROFILES, get_profile
 from ..run.results import Runs
@@ -122,10 +122,21 @@ def _cache_command(args, folder) -> int:
     return 0
 
 
-def _error(message: str) -> int:
-    """A bad input of the command line: one line on stderr (no traceback), exit status 2 (as argparse's own)."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+def error_line(prog: str, message: str) -> int:
+    """A bad input of a command (an option or an environment variable): one line on stderr, no traceback;
+    returns exit status 2 (as argparse's own). Every command of the package fails this one way."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
     return 2
+
+
+def interrupted(prog: str, what: str = "") -> int:
+    """Ctrl-C: one line on stderr saying what was stopped; returns exit status 130 (128 + SIGINT, as a shell)."""
+    print(f"{prog}: interrupted (Ctrl-C){': ' + what if what else ''}", file=sys.stderr)
+    return 130
+
+
+def _error(message: str) -> int:
+    return error_line(PROG, message)
 
 
 def main(argv=None) -> int:
@@ -151,14 +162,12 @@ def main(argv=None) -> int:
 
         return robustness_main(argv[1:])
     args = parser.parse_args(argv)
-    if args.command == "predict":
-        from ..analysis import predictions
-
-        path = predictions.write_predictions(args.output or predictions.PREDICTIONS_FILE)
-        print(f"wrote {path}")
-        return 0
     try:  # every input is checked here, before any work: a bad one is one line, not a traceback
-        if args.command == "run":
+        if args.command == "predict":
+            from ..analysis import predictions
+
+            output = check_output_file("--output", args.output or predictions.PREDICTIONS_FILE)
+        elif args.command == "run":
             if args.seeds is not None and args.seeds < 1:
                 raise ValueError(f"--seeds must be >= 1; got {args.seeds}")
             settings = _settings(args)
@@ -166,8 +175,14 @@ def main(argv=None) -> int:
             folder = _cache.cache_dir()
     except (ValueError, TypeError) as err:
         return _error(str(err))
+    if args.command == "predict":
+        print(f"wrote {predictions.write_predictions(output)}")
+        return 0
     if args.command == "run":
-        return _run(args, settings)
+        try:
+            return _run(args, settings)
+        except KeyboardInterrupt:  # the trainers stopped (parallel_map waits for its workers): no traceback
+            return interrupted(PROG, "the run stopped; finished ensembles stay in the results cache")
     return _cache_command(args, folder)
 
 

@@ -200,8 +200,48 @@ def report(results: dict, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+PROG = "python -m lengthgen_utils robustness"
+
+
+def _settings(args):
+    """Every option and environment variable checked before any work: ``(profile, conditions, notebooks, output)``.
+
+    Raises:
+        ValueError / TypeError: the message names the option or variable, its value and what is allowed.
+    """
+    from ..core.seeding import MAX_SEED_BASE
+    from .._validate import check_int, check_output_file
+
+    profile = get_profile(args.profile).name  # a bad $LENGTHGEN_PROFILE or $LENGTHGEN_SEED is refused here
+    check_int("--timeout", args.timeout, minimum=1)
+    for base in args.seed_bases:
+        check_int("--seed-bases", base, minimum=1, maximum=MAX_SEED_BASE)  # 0 is the machine condition
+    repeated = sorted({b for b in args.seed_bases if args.seed_bases.count(b) > 1})
+    if repeated:
+        raise ValueError(f"--seed-bases {' '.join(map(str, args.seed_bases))}: {repeated} given more than once "
+                         "(each would run the same condition twice)")
+    every = conditions(tuple(args.seed_bases))
+    if args.conditions:
+        unknown = sorted(set(args.conditions) - {c.name for c in every})
+        if unknown:
+            raise ValueError(f"unknown condition(s) {unknown}; this machine has {[c.name for c in every]}")
+        every = [c for c in every if c.name in args.conditions]
+    notebooks = toc_notebooks()
+    if args.chapters:
+        notebooks = [p for p in notebooks if any(c in p.stem for c in args.chapters)]
+        if not notebooks:
+            raise ValueError(f"--chapters {args.chapters} matches no notebook of _toc.yml")
+    output = None if args.output is None else check_output_file("--output", args.output)
+    return profile, every, notebooks, output
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lengthgen_utils robustness", description=__doc__.split("\n")[0])
+    """The command (see the module docstring). Bad options or environment variables: one line on stderr and
+    exit status 2, before any notebook runs. Ctrl-C: the running notebook's kernel is shut down, nothing
+    further runs, exit status 130."""
+    from .cli import error_line, interrupted
+
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=tuple(PROFILES), default=None,
                         help="quick | default | full (default: $LENGTHGEN_PROFILE, else default)")
     parser.add_argument("--conditions", nargs="+", default=None,
@@ -209,26 +249,17 @@ def main(argv=None) -> int:
     parser.add_argument("--chapters", nargs="+", default=None,
                         help="notebooks to run (name fragments, e.g. 07); default: every one in _toc.yml "
                              "(the scoreboard and chapter 10 need every claim, so they fail when chapters are left out)")
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell before it fails")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell before it fails (>= 1)")
     parser.add_argument("--seed-bases", nargs="+", type=int, default=[1, 2, 3],
-                        help="the seed bases of the seed=N conditions, besides 0 (default: 1 2 3)")
+                        help="the seed bases of the seed=N conditions, besides 0, each once (default: 1 2 3)")
     parser.add_argument("--fresh", action="store_true", help="empty each condition's results cache first")
-    parser.add_argument("--output", default=None, help="also write the Markdown report to this file")
+    parser.add_argument("--output", default=None,
+                        help="also write the Markdown report to this file (not a folder; checked before the run)")
     args = parser.parse_args(argv)
-    profile = get_profile(args.profile).name
-    if any(b < 1 for b in args.seed_bases):
-        parser.error(f"--seed-bases must be integers >= 1 (0 is the machine condition); got {args.seed_bases}")
-    every = conditions(tuple(args.seed_bases))
-    if args.conditions:
-        unknown = sorted(set(args.conditions) - {c.name for c in every})
-        if unknown:
-            parser.error(f"unknown condition(s) {unknown}; this machine has {[c.name for c in every]}")
-        every = [c for c in every if c.name in args.conditions]
-    notebooks = toc_notebooks()
-    if args.chapters:
-        notebooks = [p for p in notebooks if any(c in p.stem for c in args.chapters)]
-        if not notebooks:
-            parser.error(f"--chapters {args.chapters} matches no notebook of _toc.yml")
+    try:
+        profile, every, notebooks, output = _settings(args)
+    except (ValueError, TypeError) as err:
+        return error_line(PROG, str(err))
     cache_root = REPO_ROOT / ".cache" / "robustness" / profile
     print(f"robustness run, profile {profile!r}: {len(notebooks)} notebooks x {len(every)} conditions "
           f"({', '.join(c.name for c in every)}); {os.cpu_count()} CPU cores; caches under {cache_root}", flush=True)
@@ -236,12 +267,16 @@ def main(argv=None) -> int:
     for condition in every:
         if args.fresh:
             shutil.rmtree(cache_root / _safe(condition.name), ignore_errors=True)
-        results[condition.name] = run_condition(condition, notebooks, profile, cache_root, args.timeout)
+        try:
+            results[condition.name] = run_condition(condition, notebooks, profile, cache_root, args.timeout)
+        except KeyboardInterrupt:
+            return interrupted(PROG, f"stopped in condition {condition.name!r}; no further notebook ran")
     text = report(results, [c.name for c in every])
     print("\n" + text)
     print(f"\n{len(every)} conditions in {time.perf_counter() - start:.0f} s")
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text + "\n")
     ok = all(not o["error"] for outcome in results.values() for o in outcome.values())
     return 0 if ok else 1
 
