@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -476,3 +477,16 @@ def check_device(device, name: str = "device"):
     why = "it holds shapes, not numbers" if dev.type == "meta" else "the package does not compute on it here"
     raise ValueError(f"{name}={str(dev)!r} cannot run the package's computations ({why}); available here: "
                      f"{', '.join(available_devices())}")
+
+
+def error_line(prog: str, message: str) -> int:
+    """A bad input of a command (an option or an environment variable): one line on stderr, no traceback;
+    returns exit status 2 (as argparse's own). Every command of the package fails this one way."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def interrupted(prog: str, what: str = "") -> int:
+    """Ctrl-C: one line on stderr saying what was stopped; returns exit status 130 (128 + SIGINT, as a shell)."""
+    print(f"{prog}: interrupted (Ctrl-C){': ' + what if what else ''}", file=sys.stderr)
+    return 130

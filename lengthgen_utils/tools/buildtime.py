@@ -157,7 +157,7 @@ def kernel_environment(cache: Path, claims: Path, profile: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from .cli import error_line, interrupted
+    from .._validate import error_line, interrupted
 
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=tuple(PROFILES), default=None,

@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from .._validate import check_device, check_output_file
+from .._validate import check_device, check_output_file, error_line, interrupted
 from ..run import cache as _cache
 from ..run.profiles import PROFILES, get_profile
 from ..run.results import Runs
@@ -120,19 +120,6 @@ def _cache_command(args, folder) -> int:
     size = sum(p.stat().st_size for p in entries)
     print(f"{folder}: {len(entries)} entries, {size / 2**20:.1f} MiB; {len(temps)} leftover temporary file(s)")
     return 0
-
-
-def error_line(prog: str, message: str) -> int:
-    """A bad input of a command (an option or an environment variable): one line on stderr, no traceback;
-    returns exit status 2 (as argparse's own). Every command of the package fails this one way."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return 2
-
-
-def interrupted(prog: str, what: str = "") -> int:
-    """Ctrl-C: one line on stderr saying what was stopped; returns exit status 130 (128 + SIGINT, as a shell)."""
-    print(f"{prog}: interrupted (Ctrl-C){': ' + what if what else ''}", file=sys.stderr)
-    return 130
 
 
 def _error(message: str) -> int:

@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     """The command (see the module docstring). Bad options or environment variables: one line on stderr and
     exit status 2, before any notebook runs. Ctrl-C: the running notebook's kernel is shut down, nothing
     further runs, exit status 130."""
-    from .cli import error_line, interrupted
+    from .._validate import error_line, interrupted
 
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=tuple(PROFILES), default=None,
