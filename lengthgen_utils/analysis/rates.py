@@ -123,3 +123,46 @@ def permutation_p(statistic: float, null) -> float:
     if not all(math.isfinite(v) for v in values) or not math.isfinite(float(statistic)):
         raise ValueError(f"the statistic and every null draw must be finite; got statistic {statistic!r}")
     return (1 + sum(v >= float(statistic) - 1e-12 for v in values)) / (1 + len(values))
+
+
+def shuffled_agreement(predicted, measured, groups=None, n_null: int = 2000, seed: int = 0) -> dict:
+    """How often a per-head prediction equals the measured value, against the same measurements shuffled among
+    the heads (within each group).
+
+    The null knows how often each measured value occurs (in each group: e.g. each RoPE base) but not which
+    head has which: a predictor that guesses "the usual" scores its mean.
+
+    Args:
+        predicted, measured: one value per head (ints, None for "none"; compared with ``==``), equal lengths.
+        groups: one label per head (default: one group); heads are shuffled only within their group.
+        n_null: shuffles (>= 1); seed: their seed.
+
+    Returns:
+        ``{"agree": [bool per head], "share": float, "null": float64 [n_null] shares, "p": the one-sided
+        permutation p-value of share against null (:func:`permutation_p`)}``.
+
+    Raises:
+        ValueError: lengths differ or no heads.
+    """
+    import torch
+
+    predicted, measured = list(predicted), list(measured)
+    groups = [0] * len(predicted) if groups is None else list(groups)
+    if not predicted or len(measured) != len(predicted) or len(groups) != len(predicted):
+        raise ValueError(f"predicted, measured and groups must be equal, non-empty lengths; got "
+                         f"{len(predicted)}, {len(measured)}, {len(groups)}")
+    n_null = check_int("n_null", n_null, minimum=1)
+    agree = [p == m for p, m in zip(predicted, measured)]
+    members = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
+    null = torch.empty(n_null, dtype=torch.float64)
+    for t in range(n_null):
+        hits = 0
+        for idx in members.values():
+            perm = torch.randperm(len(idx), generator=gen).tolist()
+            hits += sum(predicted[i] == measured[idx[j]] for i, j in zip(idx, perm))
+        null[t] = hits / len(predicted)
+    share = sum(agree) / len(agree)
+    return {"agree": agree, "share": share, "null": null, "p": permutation_p(share, null)}
