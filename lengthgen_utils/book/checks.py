@@ -100,7 +100,7 @@ class Checks:
 
     def share(self, name: str, flags, *, at_least=None, at_most=None, code: bool = False) -> bool:
         """Check a rate: the share of units (seeds, heads) for which ``flags`` holds, against ``at_least`` or
-        ``at_most`` (one of the two). The record keeps ``m of n`` in its detail.
+        ``at_most`` (one of the two). The record keeps ``m/n`` and its interval in its detail.
 
         The detail keeps the rate's Wilson 95% interval. A bare share against a threshold is a floor, not a
         test: where a claim says "at least", prefer :meth:`rate_at_least` (the interval's lower end against a
@@ -119,7 +119,7 @@ class Checks:
         if not values:
             raise ValueError(f"check {name!r}: a share of no units is undefined")
         m, n = sum(values), len(values)
-        detail = f"{m} of {n}, {rate_text(m, n)}"
+        detail = rate_text(m, n)
         if at_least is not None:
             return self.at_least(name, m / n, at_least, code=code, detail=detail)
         return self.at_most(name, m / n, at_most, code=code, detail=detail)
@@ -127,7 +127,7 @@ class Checks:
     def rate_at_least(self, name: str, flags, bound, *, reason: str, code: bool = False) -> bool:
         """Check a rate "at least ``bound``" by its uncertainty: the lower end of the Wilson 95% interval of the
         share of ``flags`` that hold must be ``>= bound``. The record's value is that lower end; its detail
-        keeps ``m of n``, the interval and ``reason``.
+        keeps ``m/n``, the interval and ``reason``.
 
         Args:
             flags: booleans, one per unit (a bool tensor, array or list), at least one.
@@ -147,7 +147,7 @@ class Checks:
             raise ValueError(f"check {name!r}: bound must be a rate in [0, 1]; got {bound}")
         low, _ = wilson_interval(m, n)
         return self.at_least(name, low, bound, code=code,
-                             detail=f"{m} of {n}, {rate_text(m, n)}; lower end vs {bound:.3g}: {reason}")
+                             detail=f"{rate_text(m, n)}; lower end vs {bound:.3g}: {reason}")
 
     def beats_null(self, name: str, p_value, level, *, null: str, detail=None) -> bool:
         """Check a one-sided test of the trained heads against their null: ``p_value <= level``.
