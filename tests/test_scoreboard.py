@@ -45,6 +45,21 @@ def test_scoreboard_table_has_a_row_per_claim_and_says_what_was_not_run(tmp_path
     assert table.set_index("claim").loc["C1", "status"] == "not run in this build"
 
 
+def test_a_claims_halves_are_rows_under_it_each_with_its_own_status(tmp_path, monkeypatch):
+    monkeypatch.setenv("LENGTHGEN_CLAIMS", str(tmp_path))
+    scoreboard.record_claim("C4.low rank", "reproduced in a regime", "only under decay", {"n": 1})
+    scoreboard.record_claim("C4.aligned", "reproduced", "implicit", {"n": 1})
+    scoreboard.record_claim("X:zoo", "reproduced", "beyond the paper", {"n": 1})
+    table = scoreboard.scoreboard_table()
+    claims = list(table["claim"])
+    assert claims[claims.index("C4"):claims.index("C5")] == ["C4", "C4.aligned", "C4.low rank"]
+    assert claims[-1] == "X:zoo" and "C1.content-aware head" not in claims  # a half shows once recorded
+    row = table.set_index("claim").loc["C4.aligned"]
+    assert row["status"] == "reproduced" and row["the paper says"] == scoreboard.SUBCLAIMS["C4.aligned"]
+    with pytest.raises(ValueError, match="half"):
+        scoreboard.record_claim("C4.tiny", "reproduced", "s", {"n": 1})
+
+
 def test_scoreboard_html_has_four_columns_a_chapter_link_and_the_profile_once(tmp_path, monkeypatch):
     monkeypatch.setenv("LENGTHGEN_CLAIMS", str(tmp_path))
     monkeypatch.setenv("LENGTHGEN_PROFILE", "quick")
@@ -188,7 +203,7 @@ def test_evidence_needs_the_chapter_and_its_checks_of_this_run(tmp_path, monkeyp
 
 def test_every_chapter_names_its_evidence():
     """Chapters 1-4, 5b and 6-9 pass evidence= to record_claim (their status is derived, not typed); chapter 5b
-    records C4 and C5 from the regime map, chapter 4 its alias finding beyond the paper, chapter 5 nothing."""
+    records C4 (and its two halves), C5 and C1's scope from the regime map, chapter 4 its alias finding beyond the paper, chapter 5 nothing."""
     named = {}
     for path in sorted((Path(__file__).resolve().parents[1] / "chapters").glob("0[1-9]*_*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
@@ -197,5 +212,6 @@ def test_every_chapter_names_its_evidence():
                     if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "record_claim":
                         named.setdefault(path.stem, []).append(({k.arg for k in call.keywords}, call.args[0].value))
     assert len(named) == 9 and all("evidence" in k for calls in named.values() for k, _ in calls), named
-    assert [c for _, c in named["05b_regime_map"]] == ["C4", "C5"]
+    assert [c for _, c in named["05b_regime_map"]] == ["C4", "C1.content-aware head", "C4.aligned", "C4.low rank",
+                                                       "C5"]
     assert [c for _, c in named["04_carrier_kernel"]] == ["X:aliases"] and "05_dilution_law" not in named

@@ -11,6 +11,7 @@ import torch
 
 from ..analysis import predictions
 from ..analysis.kernel import carrier_spectrum, kernel_at
+from ..analysis.rates import permutation_p
 
 
 def committed_failures(model, offsets, lengths, accuracy, train_len: int, d_head: int, base: float = 1e4,
@@ -38,7 +39,8 @@ def committed_failures(model, offsets, lengths, accuracy, train_len: int, d_head
         committed first failing length, from the frequency set alone), ``agree`` (per head, predicted ==
         measured), and ``null_agree`` ``[n_null]``: the share of heads whose predicted length equals the
         measured length of a randomly permuted head (a predictor that knows how many heads fail at each
-        length, but not which).
+        length, but not which), and ``p``: the one-sided permutation p-value of the heads' agreement against
+        that null (:func:`~lengthgen_utils.analysis.rates.permutation_p`).
 
     Raises:
         KeyError: the committed file has no row for these settings.
@@ -70,4 +72,5 @@ def committed_failures(model, offsets, lengths, accuracy, train_len: int, d_head
     g = torch.Generator().manual_seed(seed)
     null = torch.tensor([sum(p == measured[j] for p, j in zip(predicted, torch.randperm(len(ks), generator=g)
                                                                    .tolist())) / len(ks) for _ in range(n_null)])
-    return dict(predicted=predicted, measured=measured, earliest=earliest, agree=agree, null_agree=null)
+    p = permutation_p(sum(agree) / len(agree), null)
+    return dict(predicted=predicted, measured=measured, earliest=earliest, agree=agree, null_agree=null, p=p)

@@ -435,13 +435,14 @@ def lawful_falls(reports: dict, step: int | None = None) -> dict:
     Returns:
         numpy arrays over those heads: ``p`` (target mass), ``p_star``, ``p_over_p_star`` (NaN where ``p*`` is
         undefined or 0),
-        ``vote`` (the vote's accuracy) and ``law_within`` (the law's p = 1/2 length within half an octave of
-        the first failing length).
+        ``vote`` (the vote's accuracy), ``law_within`` (the law's p = 1/2 length within half an octave of
+        the first failing length), ``law_half`` (that length, tokens; NaN where the law's p never crosses 1/2)
+        and ``fall`` (the first failing length, tokens).
 
     Source: chapter 5b, "Revisiting p*".
     """
     step = max(k[3] for k in reports) if step is None else step
-    out = {"p": [], "p_star": [], "p_over_p_star": [], "vote": [], "law_within": []}
+    out = {"p": [], "p_star": [], "p_over_p_star": [], "vote": [], "law_within": [], "law_half": [], "fall": []}
     for (content, _, _, s), rep in reports.items():
         if content or s != step:
             continue
@@ -458,18 +459,48 @@ def lawful_falls(reports: dict, step: int | None = None) -> dict:
             out["p_over_p_star"].append(p / p_star if p_star > 0 else float("nan"))
             out["vote"].append(float(rep["vote_accuracy"][i, col]))
             out["law_within"].append(half is not None and abs(math.log2(half / lengths[col])) <= 0.5)
+            out["law_half"].append(math.nan if half is None else float(half))
+            out["fall"].append(float(lengths[col]))
     return {k: np.asarray(v, dtype=float) for k, v in out.items()}
 
 
-def share_below(reports: dict, content: bool, weight_decay: float, step: int, multiple: int) -> float:
-    """Share of the heads of every base (``content``, ``weight_decay``, ``step``) below 0.9 at ``multiple`` times
-    the training length (a length of the grid)."""
+def below_flags(reports: dict, content: bool, weight_decay: float, step: int, multiple: int) -> list[bool]:
+    """Per head of every base (``content``, ``weight_decay``, ``step``): below 0.9 at ``multiple`` times the
+    training length (a length of the grid)."""
     flags = []
     for (c, _, w, s), rep in reports.items():
         if c == content and w == weight_decay and s == step:
             col = rep["lengths"].index(multiple * rep["lengths"][0])
             flags += (rep["accuracy"][:, col] < FIT_LEVEL).tolist()
-    return float(np.mean(flags))
+    return flags
+
+
+def crossing_null(law_half, fall) -> float:
+    """The null of the law's prediction of the fall: the share of (head ``i``, another head ``j``) pairs whose
+    law's p = 1/2 length ``law_half[j]`` lies within half an octave of head ``i``'s first failing length.
+
+    Args:
+        law_half, fall: per lawful falling head (:func:`lawful_falls`), tokens; NaN in ``law_half`` (no
+            crossing) never counts as within.
+
+    Returns:
+        the share, NaN with fewer than two heads.
+    """
+    half, fall = np.asarray(law_half, dtype=float), np.asarray(fall, dtype=float)
+    if half.shape != fall.shape or half.ndim != 1:
+        raise ValueError(f"law_half and fall must be 1-d of one length; got {half.shape} and {fall.shape}")
+    n = len(fall)
+    if n < 2:
+        return float("nan")
+    with np.errstate(invalid="ignore"):
+        near = np.abs(np.log2(half[None, :] / fall[:, None])) <= 0.5  # [i, j]; NaN compares False
+    return float(near[~np.eye(n, dtype=bool)].mean())
+
+
+def share_below(reports: dict, content: bool, weight_decay: float, step: int, multiple: int) -> float:
+    """Share of the heads of every base (``content``, ``weight_decay``, ``step``) below 0.9 at ``multiple`` times
+    the training length (a length of the grid): the mean of :func:`below_flags`."""
+    return float(np.mean(below_flags(reports, content, weight_decay, step, multiple)))
 
 
 def count_falls(reports: dict, content: bool, weight_decay: float, step: int) -> str:

@@ -6,6 +6,9 @@ The recurrent models' kernel norms are read in the book's row layout
 """
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor
 
 from .._validate import check_int
@@ -17,6 +20,9 @@ def far_weight(model, target: int, window: int, seq_len: int) -> Tensor:
 
     ``max_{window <= d < seq_len} ||K(d)|| / ||K(target)||``: below 1% the model ignores every token
     it never saw at training distances; near 1 a far token counts as much as the target (chapter 8).
+    A model whose kernel overflows within ``seq_len`` (an unstable transition,
+    :meth:`~lengthgen_utils.core.models.LinearRNN.finite_within`) gets ``inf``: far tokens outweigh
+    the target without bound.
 
     Args:
         model: a ``LinearRNN`` ensemble.
@@ -30,8 +36,35 @@ def far_weight(model, target: int, window: int, seq_len: int) -> Tensor:
     window = check_int("window", window, minimum=1)
     target = check_int("target", target, minimum=0, maximum=window - 1)
     seq_len = check_int("seq_len", seq_len, minimum=window + 1)
-    norms = model.kernel_norm(seq_len)  # [M, seq_len] row layout: the last column is D = 0
-    return norms[:, : seq_len - window].max(1).values / norms[:, -1 - target]
+    finite = model.finite_within(seq_len)  # [M]
+    out = torch.full((model.n_models,), math.inf, dtype=torch.float64)
+    if finite.any():
+        stable = torch.nonzero(finite)[:, 0].tolist()
+        norms = model.subset(stable).kernel_norm(seq_len)  # [M', seq_len] row layout: the last column is D = 0
+        out[stable] = norms[:, : seq_len - window].max(1).values / norms[:, -1 - target]
+    return out
+
+
+def unstable_phrase(model, seq_len: int) -> str:
+    """A clause on the seeds of a recurrent ensemble that trained to an unstable transition, for the prose.
+
+    ``""`` when every model's kernel stays finite to ``seq_len``; else e.g. ``" (one of the 5 seeds trained to
+    an unstable transition, largest |eigenvalue| of A 2.87: its kernel overflows within 256 tokens, so it
+    counts as failing beyond training)"``.
+
+    Args:
+        model: a ``LinearRNN`` ensemble; seq_len: the longest evaluated length (tokens).
+    """
+    finite = model.finite_within(check_int("seq_len", seq_len, minimum=1))
+    bad = torch.nonzero(~finite)[:, 0].tolist()
+    if not bad:
+        return ""
+    radius = model.spectral_radius()[bad]
+    who, its, it = (("one", "its kernel overflows", "it counts") if len(bad) == 1 else
+                    (str(len(bad)), "their kernels overflow", "they count"))
+    return (f" ({who} of the {model.n_models} seeds trained to an unstable transition, largest |eigenvalue| of "
+            f"A {', '.join(f'{r:.2f}' for r in radius.tolist())}: {its} within {seq_len} tokens, so {it} "
+            "as failing beyond training)")
 
 
 def fit_and_hold(accuracy: Tensor, fit: float = 0.95) -> tuple[Tensor, Tensor, Tensor]:

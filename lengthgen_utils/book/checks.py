@@ -7,6 +7,8 @@ A checks cell states each assertion through one :class:`Checks` object instead o
     checks.at_most("APE |mean - chance| from 2x, k = 3", ape_long, 0.10)
     checks.holds("every evaluation length beyond 1x is longer than training", longer)
     checks.at_most("max |logit change| under a shift", dlogit, 1e-5, code=True)  # a test of the code
+    checks.rate_at_least("seeds at >= 0.95 up to 4x", holds, 0.5, reason="a majority")  # Wilson lower end
+    checks.beats_null("hits minus the shuffled null", p, 0.01, null="shuffled heads, permutation test")
     checks.finish()  # raises AssertionError listing every check that failed
 
 Each check is kept with its *margin*: how far the value is from failing, in the quantity's own units
@@ -28,6 +30,7 @@ import os
 import tempfile
 import time
 
+from ..analysis.rates import rate_text, wilson_interval
 from ..run.profiles import get_profile
 
 
@@ -97,11 +100,12 @@ class Checks:
 
     def share(self, name: str, flags, *, at_least=None, at_most=None, code: bool = False) -> bool:
         """Check a rate: the share of units (seeds, heads) for which ``flags`` holds, against ``at_least`` or
-        ``at_most`` (one of the two). The record keeps ``m of n`` in its detail.
+        ``at_most`` (one of the two). The record keeps ``m/n`` and its interval in its detail.
 
-        A claim about a chaotic training run is a rate, not a certainty: "at least 12 of the 24 seeds", with
-        the share chosen from the rate measured over seed sets and CPUs (``python -m lengthgen_utils
-        robustness``) so that a run at that rate misses it rarely and a false claim fails it.
+        The detail keeps the rate's Wilson 95% interval. A bare share against a threshold is a floor, not a
+        test: where a claim says "at least", prefer :meth:`rate_at_least` (the interval's lower end against a
+        bound the claim states) or :meth:`beats_null` (a one-sided test against the null); a share of 1.0 or
+        0.0 (every unit, none) states an all-or-none claim.
 
         Args:
             flags: booleans, one per unit (a bool tensor, array or list), at least one.
@@ -115,10 +119,63 @@ class Checks:
         if not values:
             raise ValueError(f"check {name!r}: a share of no units is undefined")
         m, n = sum(values), len(values)
-        detail = f"{m} of {n}"
+        detail = rate_text(m, n)
         if at_least is not None:
             return self.at_least(name, m / n, at_least, code=code, detail=detail)
         return self.at_most(name, m / n, at_most, code=code, detail=detail)
+
+    def rate_at_least(self, name: str, flags, bound, *, reason: str, code: bool = False) -> bool:
+        """Check a rate "at least ``bound``" by its uncertainty: the lower end of the Wilson 95% interval of the
+        share of ``flags`` that hold must be ``>= bound``. The record's value is that lower end; its detail
+        keeps ``m/n``, the interval and ``reason``.
+
+        Args:
+            flags: booleans, one per unit (a bool tensor, array or list), at least one.
+            bound: the rate the claim states (a fraction in [0, 1]).
+            reason: why the claim needs that bound (e.g. "a majority", "above the random-lag rate 0.02").
+
+        Raises:
+            TypeError / ValueError: no units; ``bound`` outside [0, 1]; an empty ``reason``.
+
+        Source: :func:`~lengthgen_utils.analysis.rates.wilson_interval`.
+        """
+        m, n = self._count(name, flags)
+        if not isinstance(reason, str) or not reason:
+            raise TypeError(f"check {name!r}: give the bound's reason as a non-empty str")
+        bound = _number(name, bound)
+        if not 0.0 <= bound <= 1.0:
+            raise ValueError(f"check {name!r}: bound must be a rate in [0, 1]; got {bound}")
+        low, _ = wilson_interval(m, n)
+        return self.at_least(name, low, bound, code=code,
+                             detail=f"{rate_text(m, n)}; lower end vs {bound:.3g}: {reason}")
+
+    def beats_null(self, name: str, p_value, level, *, null: str, detail=None) -> bool:
+        """Check a one-sided test of the trained heads against their null: ``p_value <= level``.
+
+        Args:
+            p_value: the test's one-sided p-value (:mod:`~lengthgen_utils.analysis.rates`: an exact binomial
+                or Fisher p-value, or a permutation p-value over the null's draws).
+            level: the stated significance level (e.g. 0.01).
+            null: what the null is and which test, e.g. "shuffled heads, permutation test".
+            detail: the statistic against the null (e.g. "17 of 20 against a null mean of 0.62").
+
+        Raises:
+            TypeError / ValueError: ``level`` outside (0, 1); an empty ``null``.
+        """
+        if not isinstance(null, str) or not null:
+            raise TypeError(f"check {name!r}: say what the null is (a non-empty str)")
+        level = _number(name, level)
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"check {name!r}: level must be in (0, 1); got {level}")
+        text = f"one-sided p against {null}" + ("" if detail is None else f"; {detail}")
+        return self.at_most(name, p_value, level, detail=text)
+
+    @staticmethod
+    def _count(name: str, flags) -> tuple[int, int]:
+        values = [bool(f) for f in (flags.tolist() if hasattr(flags, "tolist") else flags)]
+        if not values:
+            raise ValueError(f"check {name!r}: a rate of no units is undefined")
+        return sum(values), len(values)
 
     def holds(self, name: str, condition, *, code: bool = False, detail=None) -> bool:
         """Check a yes/no statement (no margin: prefer :meth:`at_least` / :meth:`at_most` where a number decides).

@@ -53,6 +53,17 @@ CLAIMS = {
 }
 """The abstract's claims, split into checkable pieces (the book's reading of arXiv 2607.18759)."""
 
+SUBCLAIMS = {
+    "C1.content-aware head": "C1's scope: the same task with the ordinary head, whose queries and keys see the "
+                             "token (chapter 5b), trained with the book's recipe, no weight decay.",
+    "C4.aligned": "C4, first half: the learned RoPE kernel is aligned with the target offset (with the book's "
+                  "recipe: training adds it, implicitly).",
+    "C4.low rank": "C4, second half: the learned RoPE kernel is low rank beyond what RoPE's frequencies force at "
+                   "initialisation.",
+}
+"""Halves of a claim that its evidence decides separately: ``"<claim>.<half>"``, each with its own status by the
+one rule (:func:`claim_status`), shown on the scoreboard under the claim they split."""
+
 
 EVIDENCE_ROLES = ("for", "against")
 """How a chapter's evidence check bears on its claim: passing, a check ``"for"`` the claim shows it holds where
@@ -178,7 +189,7 @@ CHAPTER_PAGE = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
 """A chapter as a record names it: the notebook's path in the book without its suffix
 (``chapters/04_carrier_kernel``): letters, digits, ``_`` and ``-`` between slashes, so never a scheme
 (``javascript:``), a ``..`` or an address outside the book."""
-_FINDING = re.compile(r"X:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_FINDING = re.compile(r"X:[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
 
 
 def provenance() -> dict:
@@ -269,7 +280,8 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
     """Record what a chapter's checks established about ``claim`` (written atomically as ``<claim>.json``).
 
     Args:
-        claim: a key of :data:`CLAIMS` (``"C1"`` .. ``"C8"``), or ``"X:<name>"`` for a finding beyond the paper.
+        claim: a key of :data:`CLAIMS` (``"C1"`` .. ``"C8"``), of :data:`SUBCLAIMS` (a half of one, e.g.
+            ``"C4.aligned"``), or ``"X:<name>"`` for a finding beyond the paper.
         status: the status the chapter's text states, one of :data:`STATUSES` (kept as ``"stated"``).
         summary: one sentence: what was measured, in the book's words.
         numbers: the key numbers, ``{name: value}`` (JSON numbers or strings).
@@ -289,9 +301,10 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
             the stated one (raised after the record is written, so the scoreboard shows both).
         TypeError: numbers JSON cannot hold; malformed evidence.
     """
-    if claim not in CLAIMS and not (isinstance(claim, str) and _FINDING.fullmatch(claim)):
-        raise ValueError(f"claim must be one of {tuple(CLAIMS)} or 'X:<name>', the name 1-64 letters, digits, "
-                         f"'_', '.' or '-' (it names the record's file; no '/'); got {claim!r}")
+    if claim not in CLAIMS and claim not in SUBCLAIMS and not (isinstance(claim, str) and _FINDING.fullmatch(claim)):
+        raise ValueError(f"claim must be one of {tuple(CLAIMS)}, a half of one {tuple(SUBCLAIMS)} or 'X:<name>', "
+                         f"the name 1-64 letters, digits, spaces, '_', '.' or '-' (it names the record's file; no "
+                         f"'/'); got {claim!r}")
     if not isinstance(chapter, str) or (chapter and not CHAPTER_PAGE.fullmatch(chapter)):
         raise ValueError("chapter must be the chapter's path in the book without its suffix (e.g. "
                          f"'chapters/04_carrier_kernel': letters, digits, '_', '-' and '/'); got {chapter!r}")
@@ -321,7 +334,7 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.replace(tmp, folder / f"{claim.replace(':', '_')}.json")
+        os.replace(tmp, folder / f"{claim.replace(':', '_').replace(' ', '_')}.json")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -424,6 +437,10 @@ NUMBER_LABELS = {
     "shuffled_null": "null: another head's p > 1/2 (balanced agreement)",
     "median_p_over_p_star_at_fall": "lawful heads, target mass at the fall in p* (median)",
     "content_below_0.9_at_2x_no_decay": "content heads, no decay: below 0.9 at 2x",
+    "position_only_below_0.9_at_2x_no_decay": "position-only heads, no decay: below 0.9 at 2x",
+    "content_below_0.9_at_2x_decayed": "content heads, largest decay: below 0.9 at 2x",
+    "law_half_within_half_octave_of_fall": "lawful heads: the law's p = 1/2 crossing within half an octave of "
+                                           "the accuracy fall",
     # chapter 9
     "control_2x": "APE at random shifts (control), mean accuracy at 2x",
     "control_reads_2x": "control, seeds reading the key back at 2x",
@@ -480,7 +497,8 @@ def scoreboard_table(claims: dict | None = None):
         claims: ``{claim: record}`` (default :func:`load_claims`).
 
     Returns:
-        a ``pandas.DataFrame``, one row per claim, with columns claim (``"C1"``), chapter (``"ch. 1"``), chapter
+        a ``pandas.DataFrame``, one row per claim (each recorded half of :data:`SUBCLAIMS` right under its claim),
+        with columns claim (``"C1"``), chapter (``"ch. 1"``), chapter
         page (its HTML page relative to the book's root), the paper says (our split of the abstract), status,
         what the book measured (the chapter's summary), key numbers (one ``"label: value"`` per line, labels
         from :func:`number_label`), profile, seed base and code (the record's provenance, :func:`provenance`;
@@ -491,13 +509,15 @@ def scoreboard_table(claims: dict | None = None):
 
     claims = load_claims() if claims is None else claims
     rows = []
-    for claim in list(CLAIMS) + sorted(c for c in claims if c not in CLAIMS):
+    order = [c for claim in CLAIMS
+             for c in (claim, *(h for h in SUBCLAIMS if h.split(".")[0] == claim and h in claims))]
+    for claim in order + sorted(c for c in claims if c not in CLAIMS and c not in SUBCLAIMS):
         record = claims.get(claim) or {}
         name, page = chapter_link(record.get("chapter", ""))
         numbers = "\n".join(f"{number_label(k)}: {_fmt(v, number_label(k))}"
                             for k, v in record.get("numbers", {}).items())
         rows.append({"claim": claim, "chapter": name, "chapter page": page,
-                     "the paper says": CLAIMS.get(claim, "(beyond the paper)"),
+                     "the paper says": CLAIMS.get(claim, SUBCLAIMS.get(claim, "(beyond the paper)")),
                      "status": _status_text(record),
                      "what the book measured": record.get("summary", ""),
                      "key numbers": numbers, "profile": record.get("profile", ""),

@@ -725,17 +725,33 @@ class LinearRNN(Ensemble):
         Raises:
             ValueError: an entry is not finite (``A`` grows without bound over ``L`` steps).
         """
-        seq_len = check_int("seq_len", seq_len, minimum=1)
-        power_b, out = self.B, []
-        for _ in range(seq_len):
-            out.append(self.C @ power_b)  # C A^d B
-            power_b = self.A @ power_b
-        kernel = torch.stack(out, 1)
+        kernel = self._powers(check_int("seq_len", seq_len, minimum=1))
         if not bool(torch.isfinite(kernel).all()):
             radius = float(torch.linalg.eigvals(self.A.detach().double().cpu()).abs().max())
             raise ValueError(f"the recurrent kernel C A^d B overflows within seq_len={seq_len} steps (largest "
                              f"|eigenvalue| of A: {radius:.3g}): the model cannot be run at this length")
         return kernel
+
+    def _powers(self, seq_len: int) -> Tensor:
+        """``C A^d B`` for ``d = 0 .. seq_len-1``: ``[M, L, V, V+1]``, inf or NaN where it overflows."""
+        power_b, out = self.B, []
+        for _ in range(seq_len):
+            out.append(self.C @ power_b)  # C A^d B
+            power_b = self.A @ power_b
+        return torch.stack(out, 1)
+
+    def finite_within(self, seq_len: int) -> Tensor:
+        """Whether each model's kernel ``C A^d B`` stays finite for ``d < seq_len``: bool ``[M]`` on the CPU.
+
+        False where ``A`` is unstable enough to overflow within ``seq_len`` steps; such a model cannot be run
+        at that length (:meth:`kernel` raises), and a reader of the ensemble counts it as failing there.
+
+        Raises:
+            TypeError / ValueError: ``seq_len`` not an int ``>= 1``.
+        """
+        with torch.no_grad():
+            kernel = self._powers(check_int("seq_len", seq_len, minimum=1))
+            return torch.isfinite(kernel).flatten(1).all(1).cpu()
 
     def kernel_norm(self, seq_len: int) -> Tensor:
         """Frobenius norm of ``K(d)``, how much the token at ``D = -d`` counts: float64 ``[M, L]`` in the row

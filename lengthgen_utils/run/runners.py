@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from .._validate import check_device, check_int, check_positive_float
 from ..analysis.theory import (expected_squared_error, gradient_descent_kernel, log_length_scale,
@@ -22,6 +23,7 @@ from ..core.encodings import get_encoding
 from ..core.fast import FastTransformer
 from ..core.models import ContentRetrievalHead, KernelHead, LinearRNN, RetrievalHead
 from ..core.rope import kernel_frequencies, rope_kernel_features
+from ..core.tasks import as_task_list
 from .cache import load_or_run
 from .configs import (KernelHeadConfig, RecurrentExperiment, RegimeMap, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
                       TransformerExperiment, transformer_experiment)
@@ -85,9 +87,9 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Runs:
                 cache={(exp.pe, exp.attention): status})
 
 
-def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
+def _train_query_readout(exp, build, task, min_train_len: int, device, cache, evaluate=accuracy_by_length):
     """Train ``build(exp)`` with :func:`~lengthgen_utils.run.training.train` and evaluate it at ``exp.eval_lengths``
-    (or load both from the results cache): the recipe every query-readout ensemble shares.
+    with ``evaluate`` (or load both from the results cache): the recipe every query-readout ensemble shares.
 
     Returns:
         ``(model on device in eval mode, payload, cache status)``.
@@ -98,8 +100,9 @@ def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
     def compute():
         model = build(exp)
         history = train(model, task, exp.optimizer_settings, steps=exp.steps, batch_size=exp.batch_size,
-                        train_len=exp.train_len, fixed_length=exp.fixed_length, seed=exp.data_seed, device=device, min_train_len=min_train_len)
-        acc = accuracy_by_length(model, task, lengths, n_samples=exp.eval_samples)
+                        train_len=exp.train_len, fixed_length=exp.fixed_length, seed=exp.data_seed, device=device,
+                        min_train_len=min_train_len)
+        acc = evaluate(model, task, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
     payload, status = load_or_run(exp, compute, cache=cache, device=device,
@@ -380,19 +383,58 @@ def _linear_rnn(exp: RecurrentExperiment) -> LinearRNN:
                      transition=exp.transition)
 
 
+def recurrent_accuracy(model: LinearRNN, task, lengths, n_samples: int = 1024) -> Tensor:
+    """:func:`~lengthgen_utils.run.evaluation.accuracy_by_length` of a recurrent ensemble in which a model may
+    have trained to an unstable transition.
+
+    A model whose kernel ``C A^d B`` overflows within a length (:meth:`LinearRNN.finite_within`: largest
+    ``|eigenvalue|`` of ``A`` above 1, raised to that many steps) gives no prediction there; it scores 0 at
+    that length and every longer one (a seed that fails beyond training, counted as a data point, not an
+    error). Every model still runs on the same evaluation sequences: the stable models are scored together,
+    each unstable one on the lengths before its overflow, from the same evaluation stream; an ensemble with
+    no unstable model is scored exactly as ``accuracy_by_length`` scores it.
+
+    Args:
+        model: a :class:`~lengthgen_utils.core.models.LinearRNN` ensemble (M models).
+        task: one query-only task, or one per model; lengths: increasing evaluation lengths; n_samples: per
+            length.
+
+    Returns:
+        float64 ``[M, len(lengths)]`` accuracies in [0, 1], on the CPU.
+
+    Raises:
+        TypeError / ValueError: as :func:`~lengthgen_utils.run.evaluation.accuracy_by_length`.
+    """
+    lengths = list(lengths)
+    reach = torch.stack([model.finite_within(L) for L in lengths], 1).long().cumprod(1).sum(1)  # [M]
+    if bool((reach == len(lengths)).all()):
+        return accuracy_by_length(model, task, lengths, n_samples=n_samples)
+    tasks = as_task_list(task, model.n_models)
+    out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
+    stable = [i for i in range(model.n_models) if reach[i] == len(lengths)]
+    if stable:
+        out[stable] = accuracy_by_length(model.subset(stable), [tasks[i] for i in stable], lengths,
+                                         n_samples=n_samples)
+    for i in range(model.n_models):
+        n_ok = int(reach[i])
+        if 0 < n_ok < len(lengths):  # the same stream: the lengths before the overflow come first
+            out[i, :n_ok] = accuracy_by_length(model.subset([i]), tasks[i], lengths[:n_ok], n_samples=n_samples)[0]
+    return out
+
+
 def run_recurrent(exp: RecurrentExperiment, device=None, cache=True) -> Runs:
     """Train and evaluate the linear recurrent ensemble of ``exp`` (or load it from the results cache).
 
     The models train with :func:`~lengthgen_utils.run.training.train` (Adam, cross-entropy at the query:
-    the single head's recipe) and are evaluated at ``exp.eval_lengths`` with
-    :func:`~lengthgen_utils.run.evaluation.accuracy_by_length`.
+    the single head's recipe) and are evaluated at ``exp.eval_lengths`` with :func:`recurrent_accuracy`
+    (a model whose transition overflows at a length scores 0 there).
 
     Returns:
         a :class:`~lengthgen_utils.run.results.Runs`, one member per (offset, seed) (``pe`` is None: the
         recurrence is the model's only position signal), whose model lives on ``device``.
     """
     model, payload, status = _train_query_readout(exp, _linear_rnn, exp.tasks, exp.shortest_train_len, device,
-                                                  cache)
+                                                  cache, evaluate=recurrent_accuracy)
     members = _members(None, "recurrent", exp.tasks, exp.seeds)
     return Runs(exp, members, list(payload["lengths"]), payload["accuracy"],
                 [Ensemble(model, list(range(exp.n_models)), lambda: _linear_rnn(exp))], payload["loss_history"],

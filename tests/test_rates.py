@@ -1,0 +1,102 @@
+"""Rates with intervals and one-sided tests (lengthgen_utils.analysis.rates), the checks that use them, and a
+recurrent seed that trains to an unstable transition counted as failing, not raising."""
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from lengthgen_utils.analysis.rates import binomial_p, fisher_p, permutation_p, rate_text, wilson_interval
+from lengthgen_utils.book.checks import Checks
+
+
+@pytest.mark.parametrize("m,n", [(0, 1), (0, 10), (5, 10), (10, 10), (17, 20), (30, 40)])
+def test_wilson_interval_matches_the_closed_form_and_contains_the_rate(m, n):
+    low, high = wilson_interval(m, n)
+    z = 1.959963984540054
+    p = m / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    assert low == pytest.approx(max(0.0, centre - half)) and high == pytest.approx(min(1.0, centre + half))
+    assert 0.0 <= low <= p <= high <= 1.0
+
+
+def test_wilson_interval_known_value_and_narrows_with_n():
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # Wilson 1927, tabulated
+    assert wilson_interval(50, 100)[1] - wilson_interval(50, 100)[0] < wilson_interval(5, 10)[1] - wilson_interval(5, 10)[0]
+    assert rate_text(17, 20) == "17/20 = 0.85 (95% CI 0.64-0.95)"
+
+
+@pytest.mark.parametrize("m,n,p0", [(5, 10, 0.1), (0, 7, 0.3), (20, 20, 0.5), (12, 40, 0.2)])
+def test_binomial_p_is_scipys_upper_tail(m, n, p0):
+    assert binomial_p(m, n, p0) == pytest.approx(stats.binom.sf(m - 1, n, p0))
+
+
+@pytest.mark.parametrize("table", [(8, 10, 0, 4), (7, 10, 3, 5), (3, 12, 4, 6), (10, 10, 4, 4)])
+def test_fisher_p_is_scipys_one_sided_exact_test(table):
+    m1, n1, m2, n2 = table
+    expected = stats.fisher_exact([[m1, n1 - m1], [m2, n2 - m2]], alternative="greater").pvalue
+    assert fisher_p(*table) == pytest.approx(expected)
+
+
+def test_permutation_p_counts_the_observed_value_as_a_draw():
+    assert permutation_p(1.0, [0.0] * 99) == pytest.approx(0.01)
+    assert permutation_p(0.5, torch.tensor([0.5, 0.6, 0.1])) == pytest.approx(3 / 4)
+
+
+@pytest.mark.parametrize("call", [lambda: wilson_interval(3, 2), lambda: wilson_interval(0, 0),
+                                  lambda: binomial_p(1, 2, 1.5), lambda: permutation_p(0.1, []),
+                                  lambda: permutation_p(float("nan"), [0.1])])
+def test_bad_input_is_refused(call):
+    with pytest.raises((ValueError, TypeError)):
+        call()
+
+
+def test_rate_at_least_bounds_the_interval_not_the_rate():
+    check = Checks("chapters/test")
+    # 8 of 10 is above a bound of 0.5, but its interval's lower end (0.49) is not
+    assert not check.rate_at_least("eight of ten", [True] * 8 + [False] * 2, 0.5, reason="a majority")
+    assert check.rate_at_least("nineteen of twenty", [True] * 19 + [False], 0.5, reason="a majority")
+    record = check.results[0]
+    assert record["value"] == pytest.approx(wilson_interval(8, 10)[0]) and "a majority" in record["detail"]
+    with pytest.raises(TypeError):
+        check.rate_at_least("no reason", [True], 0.5, reason="")
+    with pytest.raises(ValueError):
+        check.rate_at_least("bad bound", [True], 1.5, reason="x")
+
+
+def test_beats_null_is_a_test_at_a_stated_level():
+    check = Checks("chapters/test")
+    assert check.beats_null("strong", binomial_p(5, 10, 0.1), 0.01, null="another head's alias, binomial")
+    assert not check.beats_null("weak", binomial_p(2, 10, 0.1), 0.01, null="another head's alias, binomial")
+    assert "another head's alias" in check.results[0]["detail"]
+    with pytest.raises(ValueError):
+        check.beats_null("level", 0.1, 1.0, null="x")
+
+
+def test_an_unstable_recurrent_seed_counts_as_failing_not_raising():
+    from lengthgen_utils.book import ch08
+    from lengthgen_utils.core.models import LinearRNN
+    from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+    from lengthgen_utils.run.evaluation import accuracy_by_length
+    from lengthgen_utils.run.runners import recurrent_accuracy
+
+    model = LinearRNN(16, d_state=8, n_models=3, seeds=[0, 1, 2])
+    with torch.no_grad():
+        model.A[1] = 3.0 * torch.eye(8)  # |eigenvalue| 3: C A^d B overflows float32 within about 80 steps
+    task, lengths = FixedOffsetRetrieval(16, 3), [16, 32, 128, 256]
+    assert model.finite_within(32).tolist() == [True, True, True]
+    assert model.finite_within(128).tolist() == [True, False, True]
+    with pytest.raises(ValueError, match="overflows"):
+        accuracy_by_length(model, task, lengths, n_samples=64)
+    acc = recurrent_accuracy(model, task, lengths, n_samples=64)
+    assert acc.shape == (3, 4) and acc[1, 2:].eq(0).all()
+    stable = accuracy_by_length(model.subset([0, 2]), task, lengths, n_samples=64)
+    assert torch.equal(acc[[0, 2]], stable)  # the stable seeds are scored as before
+    assert torch.equal(acc[1, :2], accuracy_by_length(model.subset([1]), task, lengths[:2], n_samples=64)[0])
+    far = ch08.far_weight(model, 3, 16, 256)
+    assert math.isinf(far[1]) and far[[0, 2]].isfinite().all()
+    assert "one of the 3 seeds" in ch08.unstable_phrase(model, 256)
+    assert ch08.unstable_phrase(model.subset([0, 2]), 256) == ""
+    # an ensemble with no unstable seed is scored exactly as accuracy_by_length scores it
+    assert torch.equal(recurrent_accuracy(model.subset([0, 2]), task, lengths, n_samples=64), stable)
