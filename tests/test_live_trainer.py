@@ -435,7 +435,7 @@ def test_a_vocabulary_above_255_is_evaluated_on_its_own_token_ids(page):
     vocab, offset, n = 300, 1, 2000
     task = FixedOffsetRetrieval(vocab, offset)
     model = RetrievalHead(vocab, pe="rope", max_len=64, n_models=1, seeds=[0]).double()
-    train(model, task, steps=400, batch_size=256, lr=3e-2, train_len=16, device="cpu")
+    train(model, task, OptimizerSettings(lr=3e-2), steps=400, batch_size=256, train_len=16, device="cpu")
     with torch.no_grad():
         model.embed[:, :44] = 0  # the value of tokens 0 .. 43 is zero: the head cannot name them
     acc = float(accuracy_by_length(model, task, [16], n_samples=n)[0, 0])
