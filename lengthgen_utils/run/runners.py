@@ -41,7 +41,7 @@ def _device(device) -> torch.device:
 # ---------------------------------------------------------------- single-head ensembles
 def _retrieval_head(settings, n_models: int, seeds, pe, attention: str) -> RetrievalHead:
     return RetrievalHead(settings.vocab_size, settings.d_model, settings.d_head, pe, attention,
-                         max_len=settings.table_len, n_models=n_models, seeds=seeds)
+                         max_len=settings.table_len, n_models=n_models, seeds=seeds, init_scale=settings.init_scale)
 
 
 def build_model(exp: RetrievalExperiment) -> RetrievalHead:
@@ -98,7 +98,8 @@ def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
     def compute():
         model = build(exp)
         history = train(model, task, exp.optimizer_settings, steps=exp.steps, batch_size=exp.batch_size,
-                        train_len=exp.train_len, fixed_length=exp.fixed_length, seed=exp.data_seed, device=device, min_train_len=min_train_len)
+                        train_len=exp.train_len, fixed_length=exp.fixed_length, seed=exp.data_seed, device=device,
+                        min_train_len=min_train_len, train_set=exp.train_set)
         acc = accuracy_by_length(model, task, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
@@ -142,7 +143,7 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
             model = build(pe, attention)
             loss = train(model, tasks, sweep.optimizer_settings, steps=sweep.steps, batch_size=sweep.batch_size,
                          train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device,
-                         min_train_len=sweep.shortest_train_len, progress=progress)
+                         min_train_len=sweep.shortest_train_len, progress=progress, train_set=sweep.train_set)
             acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
             return _model_payload(model, loss, lengths, acc)
 
@@ -250,11 +251,12 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
     def build(training: bool = False) -> RetrievalHead:
         if config.content:
             return ContentRetrievalHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
-                                        max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds)
+                                        max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
+                                        init_scale=sweep.init_scale)
         if training and config.length_temperature:
             return _LogLengthTrainingHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
                                           max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
-                                          train_len=sweep.train_len)
+                                          init_scale=sweep.init_scale, train_len=sweep.train_len)
         return _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
 
     def compute():
@@ -266,7 +268,8 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
                 kept[step] = {name: t.detach().clone() for name, t in model.state_dict().items()}
 
         history = train(model, tasks, sweep.optimizer_settings, steps=sweep.steps, batch_size=sweep.batch_size,
-                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep)
+                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep,
+                        train_set=sweep.train_set)
         accuracy = []
         for step in config.snapshot_steps:
             plain = build().to(device)
