@@ -257,3 +257,17 @@ def sign_test_p(successes: int, trials: int, chance: float) -> float:
     successes = check_int("successes", successes, minimum=0)
     trials = check_int("trials", trials, minimum=successes)
     return float(binom.sf(successes - 1, trials, chance))
+
+
+def spectrum(c: Tensor, d_head: int = 16, base: float = 10000.0):
+    """The :class:`~lengthgen_utils.analysis.kernel.CarrierSpectrum` of kernel coefficients ``c [M, d_head]``:
+    ``r_i = sqrt(a_i^2 + b_i^2)``, ``phi_i = atan2(b_i, a_i)``, so that ``s(D) = sum_i r_i cos(theta_i D - phi_i)``;
+    chapter 4's measures then apply to a computed or built kernel as to a trained head."""
+    from .kernel import CarrierSpectrum
+
+    c = torch.atleast_2d(torch.as_tensor(c, dtype=torch.float64))
+    if c.shape[1] != d_head:
+        raise ValueError(f"c must be [M, d_head={d_head}]; got {tuple(c.shape)}")
+    half = d_head // 2
+    a, b = c[:, :half], c[:, half:]
+    return CarrierSpectrum(kernel_frequencies(d_head, base), (a ** 2 + b ** 2).sqrt(), torch.atan2(b, a))

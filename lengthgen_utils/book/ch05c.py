@@ -46,8 +46,13 @@ def cells(profile: Profile) -> tuple:
     return CELLS.get(profile.name, CELLS["default"])
 
 
+QUICK_STEPS = 300
+"""Steps of the ``quick`` profile's cells: the budget the learning rates were chosen at."""
+
+
 def cell_sweep(profile: Profile, rule: str, init_scale: float) -> RetrievalSweep:
-    """The RoPE and APE sweep of one cell: the profile's offsets, seeds and steps; the rule's committed rate."""
+    """The RoPE and APE sweep of one cell: the profile's seeds and steps (``quick``: :data:`QUICK_STEPS`), its
+    offsets in ``quick`` and 1, 2, 3, 5 otherwise, and the rule's committed rate."""
     rates = learning_rates()
     if rule not in rates["lr"]:
         raise ValueError(f"rule must be one of {sorted(rates['lr'])}; got {rule!r}")
@@ -55,7 +60,8 @@ def cell_sweep(profile: Profile, rule: str, init_scale: float) -> RetrievalSweep
     return RetrievalSweep.from_profile(
         profile, pes=("rope", "ape"), attentions=("softmax",), offsets=(1, 2, 3, 5) if profile.name != "quick"
         else profile.offsets, optimizer=spec["optimizer"], lr=rates["lr"][rule], momentum=spec["momentum"],
-        train_set=TRAIN_SET if spec["train_set"] else None, init_scale=init_scale)
+        train_set=TRAIN_SET if spec["train_set"] else None, init_scale=init_scale,
+        steps=QUICK_STEPS if profile.name == "quick" else profile.steps)
 
 
 def run_cells(profile: Profile) -> dict:
@@ -121,12 +127,15 @@ def decoy_fits(runs, decoy: int, lengths, n_samples: int = 512) -> dict:
         lengths: evaluation lengths (each training length and beyond).
         n_samples: sequences per length.
 
+    Only the heads that fit (accuracy >= :data:`FIT` at the training length) are rebuilt.
+
     Returns:
-        dict: ``model`` (the built heads), ``accuracy [heads, lengths]``, ``trained_accuracy`` (the heads they
+        dict: ``model`` (the built heads), ``offsets``, ``accuracy [heads, lengths]``, ``trained_accuracy`` (the heads they
         were built from, same lengths), ``kernel`` and ``trained_kernel`` ``[heads, d_head]``, ``margin`` and
         ``trained_margin`` ``[heads]``.
     """
     rope = runs.where(pe="rope")
+    rope = rope.select([i for i in range(len(rope)) if bool(rope.accuracy[i, 0] >= FIT)])  # the heads that fit
     train_len = runs.experiment.train_len
     decoy = check_int("decoy", decoy, minimum=train_len)
     ks = rope.offsets
@@ -138,7 +147,7 @@ def decoy_fits(runs, decoy: int, lengths, n_samples: int = 512) -> dict:
     tasks = [t for t in rope.label("task")]
     acc = accuracy_by_length(built, tasks, lengths, n_samples=n_samples)
     trained_acc = accuracy_by_length(trained, tasks, lengths, n_samples=n_samples)
-    return dict(model=built, accuracy=acc, trained_accuracy=trained_acc, kernel=built_c, trained_kernel=c,
+    return dict(model=built, offsets=list(ks), accuracy=acc, trained_accuracy=trained_acc, kernel=built_c, trained_kernel=c,
                 margin=ib.window_margin(ib.kernel_values(kernel.factorized_kernel(built), train_len), ks, train_len),
                 trained_margin=margin)
 
