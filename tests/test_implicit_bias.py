@@ -130,3 +130,21 @@ def test_full_batch_loss_is_the_mean_over_lengths_of_each_lengths_loss():
 def test_sign_test_p():
     assert ib.sign_test_p(5, 5, 0.5) == pytest.approx(1 / 32)
     assert ib.sign_test_p(0, 5, 0.5) == pytest.approx(1.0)
+
+
+def test_the_committed_learning_rates_follow_the_stated_rule():
+    import json
+
+    from lengthgen_utils.book import ch05c
+    from lengthgen_utils.tools.learning_rates import GRID, SEEDS
+
+    rates = json.loads(ch05c.RATES_FILE.read_text())
+    assert set(rates["lr"]) == set(GRID)
+    for rule, counts in rates["fits_of_6"].items():
+        counts = {float(lr): n for lr, n in counts.items()}
+        assert set(counts) == set(GRID[rule][3])
+        full = [lr for lr, n in counts.items() if n == 2 * SEEDS]
+        expected = max(full) if full else max(counts, key=lambda lr: (counts[lr], lr))
+        assert rates["lr"][rule] == expected
+    for profile in ("quick", "default", "full"):  # every cell's rule has a committed rate
+        assert all(rule in rates["lr"] for rule, _ in ch05c.CELLS[profile])

@@ -27,13 +27,18 @@ TRAIN_SET = 32
 """Sequences per training length in gradient descent's fixed training set (384 sequences over lengths 5-16)."""
 FIT = 0.99
 """A head fits when its accuracy at the training length is at least this."""
+OPTIMISER_CELLS = (("Adam", 1.0), ("SGD + momentum", 1.0), ("sign descent", 1.0), ("SGD", 1.0),
+                   ("gradient descent", 1.0))
 CELLS = {
     "quick": (("Adam", 1.0), ("gradient descent", 1.0)),
-    "default": (("Adam", 1.0), ("SGD + momentum", 1.0), ("sign descent", 1.0), ("SGD", 1.0),
-                ("gradient descent", 1.0), ("Adam", 0.1), ("Adam", 10.0), ("gradient descent", 0.1),
-                ("gradient descent", 10.0)),
+    "default": OPTIMISER_CELLS,
+    "full": OPTIMISER_CELLS + (("Adam", 0.1), ("Adam", 10.0), ("gradient descent", 0.1), ("gradient descent", 10.0)),
 }
-"""The (update rule, initialisation scale) cells each profile trains (``full`` trains ``default``'s)."""
+"""The (update rule, initialisation scale) cells each profile trains: ``quick`` two optimisers, ``default`` all
+five, ``full`` adds the initialisation scales x0.1 and x10 under Adam and gradient descent."""
+STEPS = {"quick": 300, "default": 1000}
+"""Steps of each profile's cells (``quick``: the budget the learning rates were chosen at); ``full`` trains the
+profile's own steps."""
 
 
 def learning_rates() -> dict:
@@ -43,15 +48,11 @@ def learning_rates() -> dict:
 
 def cells(profile: Profile) -> tuple:
     """The (rule, init scale) cells of ``profile``."""
-    return CELLS.get(profile.name, CELLS["default"])
-
-
-QUICK_STEPS = 300
-"""Steps of the ``quick`` profile's cells: the budget the learning rates were chosen at."""
+    return CELLS[profile.name] if profile.name in CELLS else CELLS["default"]
 
 
 def cell_sweep(profile: Profile, rule: str, init_scale: float) -> RetrievalSweep:
-    """The RoPE and APE sweep of one cell: the profile's seeds and steps (``quick``: :data:`QUICK_STEPS`), its
+    """The RoPE and APE sweep of one cell: the profile's seeds, the steps of :data:`STEPS`, the profile's
     offsets in ``quick`` and 1, 2, 3, 5 otherwise, and the rule's committed rate."""
     rates = learning_rates()
     if rule not in rates["lr"]:
@@ -61,7 +62,7 @@ def cell_sweep(profile: Profile, rule: str, init_scale: float) -> RetrievalSweep
         profile, pes=("rope", "ape"), attentions=("softmax",), offsets=(1, 2, 3, 5) if profile.name != "quick"
         else profile.offsets, optimizer=spec["optimizer"], lr=rates["lr"][rule], momentum=spec["momentum"],
         train_set=TRAIN_SET if spec["train_set"] else None, init_scale=init_scale,
-        steps=QUICK_STEPS if profile.name == "quick" else profile.steps)
+        steps=STEPS.get(profile.name, profile.steps))
 
 
 def run_cells(profile: Profile) -> dict:
@@ -199,7 +200,8 @@ def accuracy_panels(curves: dict, chance: float, train_len: int, title: str) -> 
 
 def summary_rows(summaries: dict, lengths_x: tuple = (1, 2, 4, 16)) -> list[dict]:
     """One row per cell for the chapter's table: fit rates, RoPE and APE accuracy at a few multiples, margin,
-    distance travelled, alignment AUC, cosine with the max-margin kernel (trained, untrained)."""
+    distance travelled, the share of fitted RoPE heads whose first alias is within 4x, alignment AUC, cosine
+    with the max-margin kernel (trained, untrained)."""
     rows = []
     for cell, s in summaries.items():
         train_len = s.lengths[0]
@@ -213,6 +215,9 @@ def summary_rows(summaries: dict, lengths_x: tuple = (1, 2, 4, 16)) -> list[dict
         row["APE 2x"] = f"{s.ape_accuracy[:, j2].mean():.2f}"
         row["margin"] = f"{s.margin.median():.1f}"
         row["moved"] = f"{s.travelled.median():.2f}"
+        fit = s.rope_fit.tolist()
+        early = [a is not None and a <= 4 * train_len for a, f in zip(s.first_alias, fit) if f]
+        row["alias <= 4x"] = f"{sum(early) / len(early):.2f}" if early else "-"
         row["C AUC"] = f"{s.alignment_auc:.2f}"
         row["cos c_mm"] = f"{s.cos_mm.median():.2f} ({s.cos_mm_null.median():.2f})"
         rows.append(row)
