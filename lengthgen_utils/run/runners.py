@@ -78,14 +78,15 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Runs:
         a :class:`~lengthgen_utils.run.results.Runs` of ``n_seeds`` members (labels ``pe``, ``attention``,
         ``offset``, ``seed``, ``task``) whose model lives on ``device``.
     """
-    model, payload, status = _train_query_readout(exp, build_model, exp.task, exp.min_train_len, device, cache)
+    model, payload, status = _train_query_readout(exp, build_model, exp.task, exp.min_train_len, device, cache,
+                                                  train_set=exp.train_set)
     members = _members(exp.pe, exp.attention, [exp.task] * exp.n_seeds, range(exp.n_seeds))
     return Runs(exp, members, list(payload["lengths"]), payload["accuracy"],
                 [Ensemble(model, list(range(exp.n_seeds)), lambda: build_model(exp))], payload["loss_history"],
                 cache={(exp.pe, exp.attention): status})
 
 
-def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
+def _train_query_readout(exp, build, task, min_train_len: int, device, cache, train_set: int | None = None):
     """Train ``build(exp)`` with :func:`~lengthgen_utils.run.training.train` and evaluate it at ``exp.eval_lengths``
     (or load both from the results cache): the recipe every query-readout ensemble shares.
 
@@ -99,7 +100,7 @@ def _train_query_readout(exp, build, task, min_train_len: int, device, cache):
         model = build(exp)
         history = train(model, task, exp.optimizer_settings, steps=exp.steps, batch_size=exp.batch_size,
                         train_len=exp.train_len, fixed_length=exp.fixed_length, seed=exp.data_seed, device=device,
-                        min_train_len=min_train_len, train_set=exp.train_set)
+                        min_train_len=min_train_len, train_set=train_set)
         acc = accuracy_by_length(model, task, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
