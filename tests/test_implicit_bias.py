@@ -148,3 +148,21 @@ def test_the_committed_learning_rates_follow_the_stated_rule():
         assert rates["lr"][rule] == expected
     for profile in ("quick", "default", "full"):  # every cell's rule has a committed rate
         assert all(rule in rates["lr"] for rule, _ in ch05c.CELLS[profile])
+
+
+def test_chapter_5c_figure_and_table_read_their_cells():
+    from lengthgen_utils.book import ch05c
+
+    lengths = [16, 32, 64]
+    acc = torch.tensor([[1.0, 0.5, 0.1], [1.0, 1.0, 0.2]], dtype=torch.float64)
+    fig = ch05c.accuracy_panels({"Adam": (lengths, acc, acc), "built: decoy": (lengths, acc, None)}, 1 / 16, 16, "t")
+    assert len(fig.data) == 3 and fig.data[2].line.dash == "dash"
+    s = ch05c.CellSummary(
+        rope_accuracy=acc, ape_accuracy=acc, lengths=lengths, offsets=[1, 3], rope_fit=torch.tensor([True, True]),
+        ape_fit=torch.tensor([True, False]), margin=torch.tensor([2.0, 4.0]), travelled=torch.tensor([0.1, 0.3]),
+        alignment_auc=0.9, cos_mm=torch.tensor([0.9, 0.8]), cos_mm_null=torch.tensor([0.0, 0.1]),
+        first_alias=[40, None], ape_unseen_drift=0.0)
+    (row,) = ch05c.summary_rows({("Adam", 1.0): s})
+    assert row["cell"] == "Adam" and row["RoPE 2x"] == "0.75" and row["alias <= 4x"] == "0.50"
+    assert row["APE fit"] == "0.50" and row["margin"] == "2.0"  # torch's median of two is the lower
+    assert ch05c.cell_label(("gradient descent", 0.1)) == "gradient descent, init x0.1"
