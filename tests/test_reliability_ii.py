@@ -28,7 +28,7 @@ import torch
 import lengthgen_utils
 from lengthgen_utils.core import attention, encodings, models, rope, tasks
 from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, training
-from lengthgen_utils.analysis import kernel, probes, theory
+from lengthgen_utils.analysis import implicit_bias, kernel, probes, theory
 from lengthgen_utils.book import ch03, ch04, ch05, figures, sliders
 from lengthgen_utils.core.fast import FastTransformer
 from lengthgen_utils.core.models import ContentRetrievalHead, KernelHead, RetrievalHead, Transformer
@@ -470,6 +470,7 @@ PER_MODEL = [
     ("kernel.alignment", "offset",
      lambda v: kernel.alignment(kernel.carrier_spectrum(_head()), v), [1, 2, 3]),
     ("kernel.selection_margins", "offset", lambda v: kernel.selection_margins(KERNEL, v, 8), [1, 2, 3]),
+    ("implicit_bias.window_margin", "offset", lambda v: implicit_bias.window_margin(KERNEL, v, 8), [1, 2, 3]),
     ("kernel.unseen_weight", "offset", lambda v: kernel.unseen_weight(KERNEL, v, 8), [1, 2, 3]),
     ("kernel.first_alias", "offset", lambda v: kernel.first_alias(KERNEL, v, 8), [1, 2, 3]),
     ("kernel.measures", "offset",
@@ -561,7 +562,9 @@ ONE_VALUE = {
                "live.kernel_report",  # one experiment, task, closed form, control or live panel: one offset
                "ch07.copying_head_pairs", "ch07.copying_head_fit",
                "ch07.carrier_stats",  # chapter 7: one delayed-copy run, one offset for all its models
-               "predictions.predict", "predictions.load_prediction"},  # one head's setting, no model
+               "predictions.predict", "predictions.load_prediction",  # one head's setting, no model
+               "implicit_bias.margin_constraints", "implicit_bias.max_margin_kernel",
+               "implicit_bias.decoy_kernel"},  # chapter 5c: one closed-form kernel, one offset
     "seeds": {  # a result's record, filled by the runner
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
@@ -588,7 +591,9 @@ ONE_VALUE = {
                  "predictions.score_lags"},  # measured lags: a list whose length defines the heads scored
     "exact": {"ch05.dilution_panel"},  # one model's panel
     "mean_field": {"ch05.dilution_panel"}, "alias_distance": set(),
-    "failure_length": set(), "margin": {"ch05.r2_vs_margin"}, "rho": set(), "p_star": set(),
+    "failure_length": set(),
+    "margin": {"ch05.r2_vs_margin", "implicit_bias.decoy_kernel",  # one closed-form kernel's margin
+               "ch05c.CellSummary"},  # a record filled by ch05c.summarise "rho": set(), "p_star": set(),
 }
 
 

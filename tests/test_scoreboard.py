@@ -202,8 +202,9 @@ def test_evidence_needs_the_chapter_and_its_checks_of_this_run(tmp_path, monkeyp
 
 
 def test_every_chapter_names_its_evidence():
-    """Chapters 1-4, 5b and 6-9 pass evidence= to record_claim (their status is derived, not typed); chapter 5b
-    records C4 (and its two halves), C5 and C1's scope from the regime map, chapter 4 its alias finding beyond the paper, chapter 5 nothing."""
+    """Chapters 1-4, 5b, 5c and 6-9 pass evidence= to record_claim (their status is derived, not typed); chapter 5b
+    records C4 (and its two halves), C5 and C1's scope from the regime map, chapter 4 its alias finding beyond the
+    paper, chapter 5c what selects the rule (beyond the paper), chapter 5 nothing."""
     named = {}
     for path in sorted((Path(__file__).resolve().parents[1] / "chapters").glob("0[1-9]*_*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
@@ -211,7 +212,8 @@ def test_every_chapter_names_its_evidence():
                 for call in ast.walk(ast.parse(cell.source)):
                     if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "record_claim":
                         named.setdefault(path.stem, []).append(({k.arg for k in call.keywords}, call.args[0].value))
-    assert len(named) == 9 and all("evidence" in k for calls in named.values() for k, _ in calls), named
+    assert len(named) == 10 and all("evidence" in k for calls in named.values() for k, _ in calls), named
     assert [c for _, c in named["05b_regime_map"]] == ["C4", "C1.content-aware head", "C4.aligned", "C4.low rank",
                                                        "C5"]
+    assert [c for _, c in named["05c_what_selects_the_rule"]] == ["X:what selects the rule"]
     assert [c for _, c in named["04_carrier_kernel"]] == ["X:aliases"] and "05_dilution_law" not in named

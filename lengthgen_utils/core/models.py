@@ -182,6 +182,8 @@ class RetrievalHeadConfig:
         pe: the position encoding (an :class:`~lengthgen_utils.core.encodings.Encoding`; a name is looked up).
         attention: the normaliser, a key of :data:`~lengthgen_utils.core.attention.ROW_WEIGHTS`.
         max_len: positions the encoding must cover (rows of an APE table).
+        init_scale: every initial weight (the encoding's tables included) times this factor, > 0
+            (1: the book's initialisation; small: rich, feature-learning training; large: lazy).
     """
 
     vocab_size: int = 16
@@ -190,6 +192,7 @@ class RetrievalHeadConfig:
     pe: Encoding = field(default_factory=RoPE)
     attention: str = "softmax"
     max_len: int = 256
+    init_scale: float = 1.0
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
@@ -199,6 +202,7 @@ class RetrievalHeadConfig:
         object.__setattr__(self, "pe", get_encoding(self.pe))
         check_attention(self.attention)
         check_int("max_len", self.max_len, minimum=2)
+        check_positive_float("init_scale", self.init_scale)
         self.pe.check(self.d_head, 1)
 
 
@@ -228,6 +232,8 @@ class RetrievalHead(EnsembleModel):
         max_len: positions the encoding must cover (the APE table's rows = longest usable sequence).
         n_models: ensemble size M.
         seeds: ``n_models`` ints, one initialisation seed per model (default ``0 .. M-1``).
+        init_scale: every initial weight times this factor, > 0 (default 1, the book's initialisation;
+            chapter 5c varies it). The draws are the same for every scale.
 
     Parameters:
         ``embed [M, V+1, d_model]``, ``u [M, d_model]``, ``w_q, w_k, w_v [M, d_head, d_model]``,
@@ -243,9 +249,10 @@ class RetrievalHead(EnsembleModel):
     """
 
     def __init__(self, vocab_size: int = 16, d_model: int = 32, d_head: int = 16, pe="rope",
-                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None):
+                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None,
+                 init_scale: float = 1.0):
         super().__init__()
-        self.config = RetrievalHeadConfig(vocab_size, d_model, d_head, pe, attention, max_len)
+        self.config = RetrievalHeadConfig(vocab_size, d_model, d_head, pe, attention, max_len, init_scale)
         self.seeds = _seeds(seeds, n_models)
         gens = [generator(s) for s in self.seeds]
         self.embed = _normal(gens, vocab_size + 1, d_model, std=1.0)
@@ -255,6 +262,10 @@ class RetrievalHead(EnsembleModel):
         self.w_v = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
         self.w_o = _normal(gens, d_head, vocab_size, std=d_head ** -0.5, transpose=True)
         self._init_encoding(self.config.pe, len(self.seeds), d_model, max_len, 1, gens)
+        if self.config.init_scale != 1.0:
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.mul_(self.config.init_scale)
 
     def queries_keys(self, positions: Tensor, encoding: Encoding | None = None) -> tuple[Tensor, Tensor]:
         """The query and the key a token at each of ``positions`` would emit (encoding applied).
@@ -366,7 +377,7 @@ class RetrievalHead(EnsembleModel):
     def _fresh(self, seeds: list[int]) -> "RetrievalHead":
         cfg = self.config
         return RetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
-                             n_models=len(seeds), seeds=seeds)
+                             n_models=len(seeds), seeds=seeds, init_scale=cfg.init_scale)
 
     def with_attention(self, attention: str) -> "RetrievalHead":
         """A copy with the same weights whose attention row uses another normaliser (chapter 6's test-time swap).
@@ -416,10 +427,11 @@ class ContentRetrievalHead(RetrievalHead):
     """
 
     def __init__(self, vocab_size: int = 16, d_model: int = 32, d_head: int = 16, pe="rope",
-                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None):
+                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None,
+                 init_scale: float = 1.0):
         if attention != "softmax":
             raise ValueError(f"ContentRetrievalHead attends with softmax only; got attention={attention!r}")
-        super().__init__(vocab_size, d_model, d_head, pe, attention, max_len, n_models, seeds)
+        super().__init__(vocab_size, d_model, d_head, pe, attention, max_len, n_models, seeds, init_scale)
 
     def _content_scores(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Attention logits of the query over every key of each sequence: ``[M, B, L]`` (on arguments
@@ -486,7 +498,7 @@ class ContentRetrievalHead(RetrievalHead):
     def _fresh(self, seeds: list[int]) -> "ContentRetrievalHead":
         cfg = self.config
         return ContentRetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
-                                    n_models=len(seeds), seeds=seeds)
+                                    n_models=len(seeds), seeds=seeds, init_scale=cfg.init_scale)
 
     def with_attention(self, attention: str):
         """Refused: this head attends with softmax only.

@@ -131,20 +131,38 @@ class SingleHeadSettings(TrainingSettings):
                     eval_samples=profile.eval_samples, length_multiples=profile.length_multiples)
 
 
+def _check_selection(settings) -> None:
+    """Check the two fields of the single-head ensembles that chapter 5c varies (``TypeError``/``ValueError``
+    naming the field):
+
+    * ``train_set``: ``None`` (a fresh batch every step), or the sequences per training length of one fixed
+      training set drawn once, on which every step takes the full-batch loss (with ``"sgd"`` and no momentum:
+      full-batch gradient descent); ``batch_size`` is then unused. An int >= 1.
+    * ``init_scale``: every initial weight of the head times this factor (1: the book's initialisation), > 0.
+    """
+    if settings.train_set is not None:
+        check_int("train_set", settings.train_set, minimum=1)
+    check_positive_float("init_scale", settings.init_scale)
+
+
 @dataclass(frozen=True)
 class RetrievalExperiment(SingleHeadSettings):
     """One ensemble of single-head models trained on fixed-offset retrieval: the shared
-    :class:`SingleHeadSettings` plus the position encoding, the attention normaliser and the offset."""
+    :class:`SingleHeadSettings` plus the position encoding, the attention normaliser, the offset, and
+    ``train_set`` and ``init_scale`` (:func:`_check_selection`: a fixed training set, the initialisation's scale)."""
 
     pe: Encoding = field(default_factory=RoPE)
     attention: str = "softmax"
     offset: int = 3
+    train_set: int | None = None
+    init_scale: float = 1.0
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "pe", get_encoding(self.pe))
         check_attention(self.attention)
         self._check_settings(check_int("offset", self.offset, minimum=1))
+        _check_selection(self)
         self.pe.check(self.d_head, 1)
 
     @classmethod
@@ -207,6 +225,8 @@ class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
     pes: tuple[Encoding, ...] = ("rope", "ape", "nope")
     attentions: tuple[str, ...] = ("softmax",)
     offsets: tuple[int, ...] = (1, 2, 3, 5)
+    train_set: int | None = None
+    init_scale: float = 1.0
 
     def __post_init__(self):
         normalize_numbers(self)  # numpy scalars become Python numbers before any check
@@ -220,6 +240,7 @@ class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
         if len(set(offsets)) != len(offsets):
             raise ValueError(f"offsets must be distinct; got {offsets}")
         self._check_settings(max(offsets))
+        _check_selection(self)
         for pe in self.pes:
             pe.check(self.d_head, 1)
 
@@ -244,7 +265,8 @@ class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
         shortest = self.shortest_train_len
         shared = {f.name: getattr(self, f.name) for f in fields(SingleHeadSettings)}
         shared["min_train_len"] = None if shortest == offset + 2 else shortest
-        return RetrievalExperiment(pe=pe, attention=attention, offset=offset, **shared)
+        return RetrievalExperiment(pe=pe, attention=attention, offset=offset, train_set=self.train_set,
+                                   init_scale=self.init_scale, **shared)
 
     @classmethod
     def of_experiment(cls, exp: RetrievalExperiment, offsets) -> "RetrievalSweep":
@@ -259,7 +281,8 @@ class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
         for i, k in enumerate(offsets):
             check_int(f"offsets[{i}]", k, minimum=1, maximum=shortest - 2)
         shared = {f.name: getattr(exp, f.name) for f in fields(SingleHeadSettings)}
-        return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets, **shared)
+        return cls(pes=(exp.pe,), attentions=(exp.attention,), offsets=offsets, train_set=exp.train_set,
+                   init_scale=exp.init_scale, **shared)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def _device(device) -> torch.device:
 # ---------------------------------------------------------------- single-head ensembles
 def _retrieval_head(settings, n_models: int, seeds, pe, attention: str) -> RetrievalHead:
     return RetrievalHead(settings.vocab_size, settings.d_model, settings.d_head, pe, attention,
-                         max_len=settings.table_len, n_models=n_models, seeds=seeds)
+                         max_len=settings.table_len, n_models=n_models, seeds=seeds, init_scale=settings.init_scale)
 
 
 def build_model(exp: RetrievalExperiment) -> RetrievalHead:
@@ -80,14 +80,16 @@ def run_retrieval(exp: RetrievalExperiment, device=None, cache=True) -> Runs:
         a :class:`~lengthgen_utils.run.results.Runs` of ``n_seeds`` members (labels ``pe``, ``attention``,
         ``offset``, ``seed``, ``task``) whose model lives on ``device``.
     """
-    model, payload, status = _train_query_readout(exp, build_model, exp.task, exp.min_train_len, device, cache)
+    model, payload, status = _train_query_readout(exp, build_model, exp.task, exp.min_train_len, device, cache,
+                                                  train_set=exp.train_set)
     members = _members(exp.pe, exp.attention, [exp.task] * exp.n_seeds, range(exp.n_seeds))
     return Runs(exp, members, list(payload["lengths"]), payload["accuracy"],
                 [Ensemble(model, list(range(exp.n_seeds)), lambda: build_model(exp))], payload["loss_history"],
                 cache={(exp.pe, exp.attention): status})
 
 
-def _train_query_readout(exp, build, task, min_train_len: int, device, cache, evaluate=accuracy_by_length):
+def _train_query_readout(exp, build, task, min_train_len: int, device, cache, evaluate=accuracy_by_length,
+                         train_set: int | None = None):
     """Train ``build(exp)`` with :func:`~lengthgen_utils.run.training.train` and evaluate it at ``exp.eval_lengths``
     with ``evaluate`` (or load both from the results cache): the recipe every query-readout ensemble shares.
 
@@ -101,7 +103,7 @@ def _train_query_readout(exp, build, task, min_train_len: int, device, cache, ev
         model = build(exp)
         history = train(model, task, exp.optimizer_settings, steps=exp.steps, batch_size=exp.batch_size,
                         train_len=exp.train_len, fixed_length=exp.fixed_length, seed=exp.data_seed, device=device,
-                        min_train_len=min_train_len)
+                        min_train_len=min_train_len, train_set=train_set)
         acc = evaluate(model, task, lengths, n_samples=exp.eval_samples)
         return _model_payload(model, history, lengths, acc)
 
@@ -145,7 +147,7 @@ def run_sweep(sweep: RetrievalSweep, device=None, cache=True, progress: bool = F
             model = build(pe, attention)
             loss = train(model, tasks, sweep.optimizer_settings, steps=sweep.steps, batch_size=sweep.batch_size,
                          train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device,
-                         min_train_len=sweep.shortest_train_len, progress=progress)
+                         min_train_len=sweep.shortest_train_len, progress=progress, train_set=sweep.train_set)
             acc = accuracy_by_length(model, tasks, lengths, n_samples=sweep.eval_samples)
             return _model_payload(model, loss, lengths, acc)
 
@@ -253,11 +255,12 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
     def build(training: bool = False) -> RetrievalHead:
         if config.content:
             return ContentRetrievalHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
-                                        max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds)
+                                        max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
+                                        init_scale=sweep.init_scale)
         if training and config.length_temperature:
             return _LogLengthTrainingHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
                                           max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
-                                          train_len=sweep.train_len)
+                                          init_scale=sweep.init_scale, train_len=sweep.train_len)
         return _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
 
     def compute():
@@ -269,7 +272,8 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
                 kept[step] = {name: t.detach().clone() for name, t in model.state_dict().items()}
 
         history = train(model, tasks, sweep.optimizer_settings, steps=sweep.steps, batch_size=sweep.batch_size,
-                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep)
+                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep,
+                        train_set=sweep.train_set)
         accuracy = []
         for step in config.snapshot_steps:
             plain = build().to(device)

@@ -174,7 +174,7 @@ def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 2000, batch_size: int = 256,
           train_len: int = 16, fixed_length: bool = False, seed: int = 0, device=None,
           progress: bool | None = None, min_train_len: int | None = None,
-          num_threads: int | None = None, callback=None) -> Tensor:
+          num_threads: int | None = None, callback=None, train_set: int | None = None) -> Tensor:
     """Train an ensemble on the fixed-offset retrieval task (by default with Adam, lr 1e-2: the book's recipe).
 
     Each step draws one batch at a single length: ``train_len`` when
@@ -207,6 +207,11 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
             :func:`default_cpu_threads` of the model (1 for the single head, see :data:`CPU_THREADS`).
         callback: ``None``, or a callable ``callback(step, loss)`` run after every step with the
             1-based step number and the models' losses ``[M]`` (detached), e.g. to drive a progress widget.
+        train_set: ``None`` (a fresh batch every step), or ``n`` >= 1: draw one fixed training set of ``n``
+            sequences at every training length once (from ``seed``) and take every step on its full-batch
+            loss, the mean over lengths of each length's mean cross-entropy (the loss of the
+            variable-length stream, on a finite sample). With ``OptimizerSettings("sgd", lr)`` this is
+            full-batch gradient descent (chapter 5c). ``batch_size`` is then unused.
 
     Returns:
         loss history ``[steps, M]`` (float32, on CPU): each model's training loss per step. The model is
@@ -221,6 +226,8 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     seed = check_int("seed", seed, minimum=0)
+    if train_set is not None:
+        train_set = check_int("train_set", train_set, minimum=1)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be None or callable; got {type(callback).__name__} {callback!r}")
     tasks = as_task_list(task, model.n_models)
@@ -238,7 +245,7 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
     with cpu_threads(threads), unchanged_on_failure(model):
         return _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_length,
-                           seed, device, progress, min_len, callback)
+                           seed, device, progress, min_len, callback, train_set)
 
 
 def _run_steps(model, optimizer, batch_loss, steps: int, device, progress: bool, callback=None) -> Tensor:
@@ -275,12 +282,28 @@ def _run_steps(model, optimizer, batch_loss, steps: int, device, progress: bool,
 
 
 def _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_length, seed, device,
-                progress, min_len, callback=None) -> Tensor:
+                progress, min_len, callback=None, train_set=None) -> Tensor:
     """The loop of :func:`train`, on validated arguments."""
     model.to(device)
     model.train()
     gen = generator(seed)
     opt = build_optimizer(model, optimizer)
+    if train_set is not None:
+        fixed = []  # one (positions, tokens [n, L], targets [M, n]) per training length, drawn once
+        for seq_len in ([train_len] if fixed_length else range(min_len, train_len + 1)):
+            positions = model.encoding.train_positions(seq_len, gen)
+            tokens, _ = tasks[0]._draw(train_set, seq_len, gen, "cpu")
+            fixed.append((positions, tokens.to(device), batch_targets(tasks, tokens)[..., -1].to(device)))
+
+        def full_batch_loss():
+            losses = [ensemble_cross_entropy(model(tokens, validate=False, positions=positions)[0], targets)
+                      for positions, tokens, targets in fixed]
+            return torch.stack(losses).mean(0)  # [M]: every length weighs the same, as in the stream
+
+        history = _run_steps(model, opt, full_batch_loss, steps, device,
+                             progress=bool(progress or (progress is None and steps >= 5000)), callback=callback)
+        model.eval()
+        return history
 
     def batch_loss():
         seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))

@@ -1,0 +1,224 @@
+"""Chapter 5c, what selects the rule: the optimiser and initialisation cells, the decoy fits, and their figure."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from .._validate import check_int
+from ..analysis import implicit_bias as ib
+from ..analysis import kernel
+from ..analysis.probes import table_drift
+from ..analysis.theory import cosine_similarity, separation_auc
+from ..run.cache import REPO_ROOT
+from ..run.configs import RetrievalSweep
+from ..run.evaluation import accuracy_by_length
+from ..run.profiles import Profile
+from ..run.runners import run_sweep, untrained_heads
+from .style import PALETTE
+
+RATES_FILE = REPO_ROOT / "predictions" / "learning_rates.json"
+PREDICTIONS_FILE = REPO_ROOT / "predictions" / "selection_predictions.json"
+TRAIN_SET = 32
+"""Sequences per training length in gradient descent's fixed training set (384 sequences over lengths 5-16)."""
+FIT = 0.99
+"""A head fits when its accuracy at the training length is at least this."""
+OPTIMISER_CELLS = (("Adam", 1.0), ("SGD + momentum", 1.0), ("sign descent", 1.0), ("SGD", 1.0),
+                   ("gradient descent", 1.0))
+CELLS = {
+    "quick": (("Adam", 1.0), ("gradient descent", 1.0)),
+    "default": OPTIMISER_CELLS,
+    "full": OPTIMISER_CELLS + (("Adam", 0.1), ("Adam", 10.0), ("gradient descent", 0.1), ("gradient descent", 10.0)),
+}
+"""The (update rule, initialisation scale) cells each profile trains: ``quick`` two optimisers, ``default`` all
+five, ``full`` adds the initialisation scales x0.1 and x10 under Adam and gradient descent."""
+STEPS = {"quick": 300, "default": 1000}
+"""Steps of each profile's cells (``quick``: the budget the learning rates were chosen at); ``full`` trains the
+profile's own steps."""
+
+
+def learning_rates() -> dict:
+    """The committed choice of :mod:`~lengthgen_utils.tools.learning_rates`: ``{"rule", "rules", "lr", ...}``."""
+    return json.loads(RATES_FILE.read_text())
+
+
+def cells(profile: Profile) -> tuple:
+    """The (rule, init scale) cells of ``profile``."""
+    return CELLS[profile.name] if profile.name in CELLS else CELLS["default"]
+
+
+def cell_sweep(profile: Profile, rule: str, init_scale: float) -> RetrievalSweep:
+    """The RoPE and APE sweep of one cell: the profile's seeds, the steps of :data:`STEPS`, the profile's
+    offsets in ``quick`` and 1, 2, 3, 5 otherwise, and the rule's committed rate."""
+    rates = learning_rates()
+    if rule not in rates["lr"]:
+        raise ValueError(f"rule must be one of {sorted(rates['lr'])}; got {rule!r}")
+    spec = rates["rules"][rule]
+    return RetrievalSweep.from_profile(
+        profile, pes=("rope", "ape"), attentions=("softmax",), offsets=(1, 2, 3, 5) if profile.name != "quick"
+        else profile.offsets, optimizer=spec["optimizer"], lr=rates["lr"][rule], momentum=spec["momentum"],
+        train_set=TRAIN_SET if spec["train_set"] else None, init_scale=init_scale,
+        steps=STEPS.get(profile.name, profile.steps))
+
+
+def run_cells(profile: Profile) -> dict:
+    """``{(rule, init_scale): Runs}`` for every cell of ``profile`` (each through the results cache)."""
+    return {cell: run_sweep(cell_sweep(profile, *cell)) for cell in cells(profile)}
+
+
+@dataclass
+class CellSummary:
+    """What one cell's heads did (RoPE and APE), per head where a tensor."""
+
+    rope_accuracy: torch.Tensor  # [heads, lengths]
+    ape_accuracy: torch.Tensor
+    lengths: list
+    offsets: list  # per RoPE head
+    rope_fit: torch.Tensor  # bool [heads]
+    ape_fit: torch.Tensor
+    margin: torch.Tensor  # RoPE window margin (nats) [heads]
+    travelled: torch.Tensor  # RoPE |w - w0| / |w0| [heads]
+    alignment_auc: float  # RoPE C (variation weights) against untrained heads of the same init
+    cos_mm: torch.Tensor  # RoPE cosine with the max-margin kernel of the head's offset [heads]
+    cos_mm_null: torch.Tensor  # the same for untrained heads
+    first_alias: list  # RoPE, tolerance 0, up to 4096 (None: none)
+    ape_unseen_drift: float  # largest change of an APE row >= train_len
+
+
+def summarise(runs, n_null: int = 64) -> CellSummary:
+    """Every per-cell measure of the chapter, from one cell's :class:`~lengthgen_utils.run.results.Runs`."""
+    rope, ape = runs.where(pe="rope"), runs.where(pe="ape")
+    train_len = runs.experiment.train_len
+    ks = rope.offsets
+    model = rope.model
+    c = kernel.factorized_kernel(model)
+    s = ib.kernel_values(c, train_len)
+    mm = {k: ib.max_margin_kernel(k, train_len) for k in sorted(set(ks))}
+    c_mm = torch.stack([mm[k] for k in ks])
+    null = untrained_heads(runs.experiment.ensemble("rope"), n_null)
+    c_null = kernel.factorized_kernel(null)
+    null_ks = [ks[i % len(ks)] for i in range(n_null)]
+    align = kernel.measures(model, ks, train_len).alignment_variation
+    align_null = kernel.measures(null, null_ks, train_len).alignment_variation
+    return CellSummary(
+        rope_accuracy=rope.accuracy, ape_accuracy=ape.accuracy, lengths=list(runs.lengths), offsets=list(ks),
+        rope_fit=rope.accuracy[:, 0] >= FIT, ape_fit=ape.accuracy[:, 0] >= FIT,
+        margin=ib.window_margin(s, ks, train_len),
+        travelled=ib.distance_travelled(model, rope.initial_model()),
+        alignment_auc=separation_auc(align, align_null),
+        cos_mm=cosine_similarity(c, c_mm),
+        cos_mm_null=cosine_similarity(c_null, torch.stack([mm[k] for k in null_ks])),
+        first_alias=kernel.first_alias(model, ks, train_len, 4096, tolerance=0.0),
+        ape_unseen_drift=float(table_drift(ape.model, ape.initial_model())[:, train_len:].max()),
+    )
+
+
+def decoy_fits(runs, decoy: int, lengths, n_samples: int = 512) -> dict:
+    """Heads built to fit every training length and fail beyond: each trained RoPE head of ``runs`` with its
+    kernel replaced by the smallest one that keeps the head's own margin in the window and puts the key at
+    distance ``decoy`` that margin above the target (:func:`~lengthgen_utils.analysis.implicit_bias.decoy_kernel`).
+
+    Args:
+        runs: a cell's runs (its RoPE heads are used).
+        decoy: the decoy's distance (>= the training length).
+        lengths: evaluation lengths (each training length and beyond).
+        n_samples: sequences per length.
+
+    Only the heads that fit (accuracy >= :data:`FIT` at the training length) are rebuilt.
+
+    Returns:
+        dict: ``model`` (the built heads), ``offsets``, ``accuracy [heads, lengths]``, ``trained_accuracy`` (the heads they
+        were built from, same lengths), ``kernel`` and ``trained_kernel`` ``[heads, d_head]``, ``margin`` and
+        ``trained_margin`` ``[heads]``.
+    """
+    rope = runs.where(pe="rope")
+    rope = rope.select([i for i in range(len(rope)) if bool(rope.accuracy[i, 0] >= FIT)])  # the heads that fit
+    train_len = runs.experiment.train_len
+    decoy = check_int("decoy", decoy, minimum=train_len)
+    ks = rope.offsets
+    trained = rope.model
+    c = kernel.factorized_kernel(trained)
+    margin = ib.window_margin(ib.kernel_values(c, train_len), ks, train_len)
+    built_c = torch.stack([ib.decoy_kernel(k, train_len, decoy, float(m)) for k, m in zip(ks, margin)])
+    built = ib.write_kernel(trained, built_c)
+    tasks = [t for t in rope.label("task")]
+    acc = accuracy_by_length(built, tasks, lengths, n_samples=n_samples)
+    trained_acc = accuracy_by_length(trained, tasks, lengths, n_samples=n_samples)
+    return dict(model=built, offsets=list(ks), accuracy=acc, trained_accuracy=trained_acc, kernel=built_c, trained_kernel=c,
+                margin=ib.window_margin(ib.kernel_values(kernel.factorized_kernel(built), train_len), ks, train_len),
+                trained_margin=margin)
+
+
+def cell_label(cell) -> str:
+    """``"Adam"`` or ``"gradient descent, init x0.1"``."""
+    rule, scale = cell
+    return rule if scale == 1.0 else f"{rule}, init x{scale:g}"
+
+
+def accuracy_panels(curves: dict, chance: float, train_len: int, title: str) -> go.Figure:
+    """Accuracy against length, RoPE (left) beside APE (right), one line per cell (mean over heads).
+
+    Args:
+        curves: ``{label: (lengths, rope_accuracy [heads, n] or None, ape_accuracy [heads, n] or None)}``;
+            the same label keeps its colour in both panels; a label starting with "built" is drawn dashed.
+        chance: the chance line; train_len: the training length (a vertical line).
+        title: the figure's title.
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("RoPE", "learned APE"), shared_yaxes=True,
+                        horizontal_spacing=0.06)
+    ticks = set()
+    for i, (label, (lengths, rope, ape)) in enumerate(curves.items()):
+        color = PALETTE[i % len(PALETTE)]
+        x = np.log2(np.asarray(lengths))
+        ticks.update(int(v) for v in lengths)
+        dash = "dash" if label.startswith("built") else "solid"
+        for col, acc in ((1, rope), (2, ape)):
+            if acc is None:
+                continue
+            acc = np.asarray(acc, dtype=float)
+            fig.add_trace(go.Scatter(
+                x=x, y=acc.mean(0), mode="lines+markers", name=f"{label} ({acc.shape[0]} heads)",
+                legendgroup=label, showlegend=col == 1 or rope is None, line=dict(color=color, dash=dash, width=2.5),
+                customdata=np.stack([lengths, acc.min(0), acc.max(0)], -1),
+                hovertemplate=label + ", L=%{customdata[0]:d}: mean %{y:.3f} (min %{customdata[1]:.3f}, "
+                                      "max %{customdata[2]:.3f})<extra></extra>"), row=1, col=col)
+    t = sorted(ticks)
+    for col in (1, 2):
+        fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.2), row=1, col=col)
+        fig.add_vline(x=float(np.log2(train_len)), line=dict(color="gray", dash="dash", width=1), row=1, col=col)
+        fig.update_xaxes(title="length L (tokens, log scale)", tickvals=np.log2(t),
+                         ticktext=[f"{v}" if v % train_len else f"{v}<br>{v // train_len}x" for v in t],
+                         row=1, col=col)
+    fig.update_yaxes(title="accuracy at the query", range=[-0.02, 1.05], row=1, col=1)
+    fig.update_layout(title=title, legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def summary_rows(summaries: dict, lengths_x: tuple = (1, 2, 4, 16)) -> list[dict]:
+    """One row per cell for the chapter's table: fit rates, RoPE and APE accuracy at a few multiples, margin,
+    distance travelled, the share of fitted RoPE heads whose first alias is within 4x, alignment AUC, cosine
+    with the max-margin kernel (trained, untrained)."""
+    rows = []
+    for cell, s in summaries.items():
+        train_len = s.lengths[0]
+        row = {"cell": cell_label(cell), "RoPE fit": f"{s.rope_fit.double().mean():.2f}",
+               "APE fit": f"{s.ape_fit.double().mean():.2f}"}
+        for m in lengths_x:
+            if m * train_len in s.lengths:
+                j = s.lengths.index(m * train_len)
+                row[f"RoPE {m}x"] = f"{s.rope_accuracy[:, j].mean():.2f}"
+        j2 = s.lengths.index(2 * train_len)
+        row["APE 2x"] = f"{s.ape_accuracy[:, j2].mean():.2f}"
+        row["margin"] = f"{s.margin.median():.1f}"
+        row["moved"] = f"{s.travelled.median():.2f}"
+        fit = s.rope_fit.tolist()
+        early = [a is not None and a <= 4 * train_len for a, f in zip(s.first_alias, fit) if f]
+        row["alias <= 4x"] = f"{sum(early) / len(early):.2f}" if early else "-"
+        row["C AUC"] = f"{s.alignment_auc:.2f}"
+        row["cos c_mm"] = f"{s.cos_mm.median():.2f} ({s.cos_mm_null.median():.2f})"
+        rows.append(row)
+    return rows

@@ -1,0 +1,168 @@
+"""Chapter 5c's machinery: the max-margin and decoy kernels, writing a kernel into a head, the fixed training set
+of full-batch gradient descent, and the initialisation scale."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from lengthgen_utils.analysis import implicit_bias as ib
+from lengthgen_utils.analysis import kernel
+from lengthgen_utils.core.models import RetrievalHead
+from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+from lengthgen_utils.run.configs import RetrievalExperiment, RetrievalSweep
+from lengthgen_utils.run.optim import OptimizerSettings
+from lengthgen_utils.run.training import train
+
+
+def brute_force_min_norm(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The min-norm point of ``g c >= h`` by enumerating active sets (a tiny programme only)."""
+    best = None
+    for size in range(1, g.shape[0] + 1):
+        for rows in itertools.combinations(range(g.shape[0]), size):
+            ga, ha = g[list(rows)], h[list(rows)]
+            c = ga.T @ torch.linalg.lstsq(ga @ ga.T, ha[:, None]).solution[:, 0]
+            if bool((g @ c >= h - 1e-9).all()) and (best is None or c.norm() < best.norm()):
+                best = c
+    return best
+
+
+def test_max_margin_kernel_matches_brute_force_on_a_tiny_window():
+    # d_head 4 (two pairs), window of 6: five constraints, 31 active sets
+    g = ib.margin_constraints(2, 6, d_head=4)
+    expected = brute_force_min_norm(g, torch.ones(g.shape[0], dtype=torch.float64))
+    got = ib.max_margin_kernel(2, 6, d_head=4)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("offset", [1, 3, 5])
+def test_max_margin_kernel_has_unit_margin_and_peaks_at_the_target(offset):
+    c = ib.max_margin_kernel(offset, 16)
+    s = ib.kernel_values(c, 16)
+    assert ib.window_margin(s, offset, 16).item() == pytest.approx(1.0, abs=1e-6)
+    assert kernel.peak_distance(s).item() == offset
+    # a smaller multiple of c_mm loses the unit margin: it is the least norm that has one
+    assert ib.window_margin(0.99 * s, offset, 16).item() < 1.0
+
+
+def test_decoy_kernel_fits_the_window_and_beats_the_target_at_the_decoy():
+    c = ib.decoy_kernel(3, 16, 24, margin=8.0)
+    s = ib.kernel_values(c, 32)
+    assert ib.window_margin(s, 3, 16).item() >= 8.0 - 1e-6
+    by_distance = s.flip(1)[0]
+    assert by_distance[24] - by_distance[3] >= 8.0 - 1e-6
+    with pytest.raises(ValueError, match="decoy"):
+        ib.decoy_kernel(3, 16, 10, margin=8.0)
+    with pytest.raises(ValueError, match="margin"):
+        ib.decoy_kernel(3, 16, 24, margin=0.0)
+
+
+def test_write_kernel_gives_the_kernel_exactly_and_keeps_the_value_path():
+    model = RetrievalHead(n_models=3)
+    c = torch.stack([ib.decoy_kernel(k, 16, 24, 6.0) for k in (1, 2, 3)])
+    built = ib.write_kernel(model, c)
+    torch.testing.assert_close(kernel.factorized_kernel(built), c, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(built.w_v, model.w_v)
+    torch.testing.assert_close(built.w_o, model.w_o)
+    assert not torch.equal(built.w_q, model.w_q)  # the argument is left alone
+    with pytest.raises(ValueError, match="RetrievalHead with a RoPE"):
+        ib.write_kernel(RetrievalHead(pe="ape", n_models=1), c[0])
+
+
+def test_distance_travelled_is_zero_for_the_initial_model_and_scales():
+    model = RetrievalHead(n_models=2)
+    assert ib.distance_travelled(model, RetrievalHead(n_models=2)).abs().max() == 0
+    doubled = RetrievalHead(n_models=2, init_scale=2.0)
+    torch.testing.assert_close(ib.distance_travelled(doubled, model), torch.ones(2, dtype=torch.float64))
+
+
+def test_init_scale_multiplies_every_initial_weight():
+    base, small = RetrievalHead(pe="ape", n_models=2), RetrievalHead(pe="ape", n_models=2, init_scale=0.1)
+    for (name, p), (_, q) in zip(base.named_parameters(), small.named_parameters()):
+        torch.testing.assert_close(q, 0.1 * p, msg=name)
+    assert small.subset([1]).config.init_scale == 0.1
+    with pytest.raises(ValueError, match="init_scale"):
+        RetrievalHead(init_scale=0.0)
+    with pytest.raises(ValueError, match="init_scale"):
+        RetrievalSweep(init_scale=-1.0)
+
+
+def test_train_set_is_validated_and_carried_by_the_sweep():
+    with pytest.raises(ValueError, match="train_set"):
+        RetrievalSweep(train_set=0)
+    with pytest.raises(ValueError, match="train_set"):
+        train(RetrievalHead(n_models=1), FixedOffsetRetrieval(16, 3), steps=1, train_set=0)
+    sweep = RetrievalSweep(pes=("rope",), offsets=(1, 3), train_set=8, init_scale=0.5)
+    exp = sweep.experiment("rope", 3)
+    assert (exp.train_set, exp.init_scale) == (8, 0.5)
+    assert RetrievalSweep.of_experiment(exp, (1, 3)).train_set == 8
+    assert isinstance(RetrievalExperiment(train_set=4), RetrievalExperiment)
+
+
+def test_full_batch_gradient_descent_on_a_fixed_set_decreases_the_loss_every_step():
+    # full-batch gradient descent with a small step on a smooth loss: every step lowers it; the same
+    # recipe on fresh batches does not (the batch's noise moves the loss up and down)
+    task = FixedOffsetRetrieval(16, 3)
+    gd = train(RetrievalHead(n_models=2), task, OptimizerSettings("sgd", lr=0.05), steps=30, train_set=8)
+    assert bool((gd[1:] < gd[:-1]).all())
+    again = train(RetrievalHead(n_models=2), task, OptimizerSettings("sgd", lr=0.05), steps=30, train_set=8)
+    torch.testing.assert_close(gd, again)  # one fixed set, drawn from the seed
+    sgd = train(RetrievalHead(n_models=2), task, OptimizerSettings("sgd", lr=0.05), steps=30, batch_size=8)
+    assert not bool((sgd[1:] < sgd[:-1]).all())
+
+
+def test_full_batch_loss_is_the_mean_over_lengths_of_each_lengths_loss():
+    task = FixedOffsetRetrieval(16, 3)
+    model = RetrievalHead(n_models=1)
+    history = train(model, task, OptimizerSettings("sgd", lr=1e-12), steps=1, train_set=4, seed=5)
+    from lengthgen_utils.core.seeding import generator
+    from lengthgen_utils.run.training import ensemble_cross_entropy
+
+    gen = generator(5)
+    losses = []
+    for seq_len in range(5, 17):
+        tokens, _ = task._draw(4, seq_len, gen, "cpu")
+        logits, _ = model(tokens)
+        losses.append(ensemble_cross_entropy(logits, task.targets(tokens)[None, :, -1]))
+    assert math.isclose(history[0, 0].item(), torch.stack(losses).mean().item(), rel_tol=1e-5)
+
+
+def test_sign_test_p():
+    assert ib.sign_test_p(5, 5, 0.5) == pytest.approx(1 / 32)
+    assert ib.sign_test_p(0, 5, 0.5) == pytest.approx(1.0)
+
+
+def test_the_committed_learning_rates_follow_the_stated_rule():
+    import json
+
+    from lengthgen_utils.book import ch05c
+    from lengthgen_utils.tools.learning_rates import GRID, SEEDS
+
+    rates = json.loads(ch05c.RATES_FILE.read_text())
+    assert set(rates["lr"]) == set(GRID)
+    for rule, counts in rates["fits_of_6"].items():
+        counts = {float(lr): n for lr, n in counts.items()}
+        assert set(counts) == set(GRID[rule][3])
+        full = [lr for lr, n in counts.items() if n == 2 * SEEDS]
+        expected = max(full) if full else max(counts, key=lambda lr: (counts[lr], lr))
+        assert rates["lr"][rule] == expected
+    for profile in ("quick", "default", "full"):  # every cell's rule has a committed rate
+        assert all(rule in rates["lr"] for rule, _ in ch05c.CELLS[profile])
+
+
+def test_chapter_5c_figure_and_table_read_their_cells():
+    from lengthgen_utils.book import ch05c
+
+    lengths = [16, 32, 64]
+    acc = torch.tensor([[1.0, 0.5, 0.1], [1.0, 1.0, 0.2]], dtype=torch.float64)
+    fig = ch05c.accuracy_panels({"Adam": (lengths, acc, acc), "built: decoy": (lengths, acc, None)}, 1 / 16, 16, "t")
+    assert len(fig.data) == 3 and fig.data[2].line.dash == "dash"
+    s = ch05c.CellSummary(
+        rope_accuracy=acc, ape_accuracy=acc, lengths=lengths, offsets=[1, 3], rope_fit=torch.tensor([True, True]),
+        ape_fit=torch.tensor([True, False]), margin=torch.tensor([2.0, 4.0]), travelled=torch.tensor([0.1, 0.3]),
+        alignment_auc=0.9, cos_mm=torch.tensor([0.9, 0.8]), cos_mm_null=torch.tensor([0.0, 0.1]),
+        first_alias=[40, None], ape_unseen_drift=0.0)
+    (row,) = ch05c.summary_rows({("Adam", 1.0): s})
+    assert row["cell"] == "Adam" and row["RoPE 2x"] == "0.75" and row["alias <= 4x"] == "0.50"
+    assert row["APE fit"] == "0.50" and row["margin"] == "2.0"  # torch's median of two is the lower
+    assert ch05c.cell_label(("gradient descent", 0.1)) == "gradient descent, init x0.1"
