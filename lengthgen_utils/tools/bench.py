@@ -619,8 +619,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-thread-comparison", action="store_true", help="skip the two-thread measurement")
     parser.add_argument("--no-parallel", action="store_true", help="skip the side-by-side ensembles (2b)")
     parser.add_argument("--parallel-steps", type=int, default=500, help="training steps of each ensemble in 2b")
-    parser.add_argument("--tf-sizes", type=int, nargs="+", default=[1, 3, 9, 27],
-                        help="transformer ensemble sizes (section 5); none skips it")
+    parser.add_argument("--tf-sizes", type=int, nargs="*", default=[1, 3, 9, 27],
+                        help="transformer ensemble sizes (section 5); the flag alone, with no sizes, skips it")
     parser.add_argument("--tf-threads", type=int, nargs="+", default=[1, 2], help="thread counts of section 5")
     parser.add_argument("--tf-steps", type=int, default=8, help="training steps per transformer timing")
     parser.add_argument("--tf-reps", type=int, default=3, help="alternating rounds per transformer size (median)")
