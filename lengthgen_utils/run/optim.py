@@ -324,6 +324,12 @@ class PerModelOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One update of every parameter that has a gradient; ``closure``, if given, is called first (with
+        gradients on) and its loss returned, as torch's optimisers do."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             views = group.setdefault("views", {})  # [M] -> [M, 1, ..., 1] on the parameter's device, made once
             for p in group["params"]:
@@ -335,6 +341,7 @@ class PerModelOptimizer(torch.optim.Optimizer):
                     views[where] = {k: None if v is None else v.to(p.device).view(shape)
                                     for k, v in group["coefficients"].items()}
                 self._rule(p, p.grad, self.state[p], views[where])
+        return loss
 
 
 # The per-model steps: torch's arithmetic for each rule (``torch.optim.adamw``'s single-tensor path, ``SGD``,
