@@ -529,15 +529,34 @@ def test_benchmark_smoke(capsys):
 
     assert bench.main(["--sizes", "1", "2", "--steps", "2", "--reps", "1", "--seq-models", "1", "--sweep", "none",
                        "--no-thread-comparison", "--device", "cpu", "--tf-sizes", "1", "2", "--tf-threads", "1",
-                       "--tf-steps", "2", "--tf-reps", "1", "--no-compile"]) == 0
+                       "--tf-steps", "2", "--tf-reps", "1", "--no-compile", "--head-sizes", "2", "6",
+                       "--head-reps", "1"]) == 0
     out = capsys.readouterr().out
     assert "model-steps/s" in out and "MFLOP" in out and "ratio" in out
+    # section 1b: the single head by heads per ensemble, beside one head at a time and the plain loop
+    assert "1b. the single head by heads per ensemble" in out and "plain PyTorch loop" in out
+    section = out.split("1b. the single head", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [line.split()[:2] == ["6", "*"] for line in section].count(True) == 1, section  # the mixed ensemble
+    assert any("aims at 120 heads" in line for line in section) is False  # no 20 or 120 here: no aim line
     # section 5: the package's transformer and its peers, side by side, training the same models
     rows = [line.split()[0] for line in out.splitlines() if line.strip().startswith(("package", "plain", "vmap"))]
     assert rows[:3] == ["package", "plain", "vmap"], rows
     agreement = next(line for line in out.splitlines() if "trains the same models" in line)
     assert float(agreement.rsplit("=", 1)[1]) < 1e-4, agreement
     assert "torch.compile: skipped" in out and "M=2: package" in out
+
+
+def test_benchmark_plain_head_is_the_package_head():
+    """Section 1b's plain PyTorch head, built from a package head's row, computes that row's logits: the loop
+    it is timed in trains the same function."""
+    from lengthgen_utils.tools import bench
+
+    model = RetrievalHead(n_models=3, seeds=[0, 1, 2])
+    tokens, _ = bench.TASK.sample(8, 13, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        for i in range(3):
+            torch.testing.assert_close(bench.PlainHead(model, i)(tokens), logits[i], rtol=1e-5, atol=1e-5)
 
 
 def test_benchmark_peers_are_the_package_model():

@@ -164,3 +164,77 @@ def test_content_snapshots_need_softmax_and_no_temperature():
 def test_chapter_links_name_an_inserted_chapter():
     assert chapter_link("chapters/05b_regime_map") == ("ch. 5b", "chapters/05b_regime_map.html")
     assert chapter_link("chapters/04_carrier_kernel")[0] == "ch. 4"
+
+
+SMALL_MAP = RegimeMap(bases=(10.0, 100.0), weight_decays=(0.0, 10.0), content_weight_decays=(0.0, 3.0),
+                      snapshot_steps=(3, 6), offsets=(1, 3), n_seeds=2, eval_samples=16)
+
+
+@pytest.fixture(scope="module")
+def small_map(tmp_path_factory):
+    """SMALL_MAP run once into a fresh cache folder: ``(folder, {cell: Runs})``."""
+    from lengthgen_utils.run.runners import run_regime_map
+
+    folder = tmp_path_factory.mktemp("regime-cache")
+    return folder, run_regime_map(SMALL_MAP, device="cpu", cache=folder)
+
+
+def _same_payload(a, b) -> bool:
+    return (torch.equal(a.accuracy, b.accuracy) and torch.equal(a.loss_history, b.loss_history)
+            and all(torch.equal(x, y) for ea, eb in zip(a.ensembles, b.ensembles)
+                    for x, y in zip(ea.model.state_dict().values(), eb.model.state_dict().values())))
+
+
+def test_regime_map_cells_trained_together_equal_each_cell_trained_alone(small_map):
+    """The map trains its cells of one base and kind as one ensemble (per-model weight decay); every cell's
+    snapshots, accuracies and losses equal run_snapshots of that cell alone, bit for bit (tolerance 0: each
+    member's arithmetic is its lone training's, see tests/test_per_model_optimizer.py). The decays differ
+    in effect, or the test would show nothing."""
+    from lengthgen_utils.run.runners import run_snapshots
+
+    together = small_map[1]
+    assert all(runs.cache == {k: "miss" for k in runs.cache} for runs in together.values())
+    for (content, base, wd), runs in together.items():
+        alone = run_snapshots(SMALL_MAP.cell(base, wd, content), device="cpu", cache=False)
+        assert _same_payload(runs, alone), (content, base, wd)
+    assert not torch.equal(together[(False, 10.0, 0.0)].loss_history, together[(False, 10.0, 10.0)].loss_history)
+
+
+def test_regime_map_cells_are_cached_one_by_one(small_map):
+    """Each cell is its own cache entry: run_snapshots of one cell reads it (a hit); a map with one entry
+    gone trains only that cell and loads the others."""
+    from lengthgen_utils.run import runners
+
+    tmp_path, first = small_map
+    one = SMALL_MAP.cell(100.0, 10.0)
+    again = runners.run_snapshots(one, device="cpu", cache=tmp_path)
+    assert set(again.cache.values()) == {"hit"} and _same_payload(again, first[(False, 100.0, 10.0)])
+    from lengthgen_utils.run.cache import cache_description, entry_path, make_key
+    from lengthgen_utils.run.training import default_cpu_threads
+    key = make_key(cache_description(one, "cpu", default_cpu_threads("single-head")))
+    entry_path(tmp_path, key).unlink()
+    trained = []
+    original = runners.train_snapshots
+
+    def spy(configs, device=None):
+        trained.extend(configs)
+        return original(configs, device)
+
+    runners.train_snapshots = spy
+    try:
+        second = runners.run_regime_map(SMALL_MAP, device="cpu", cache=tmp_path)
+    finally:
+        runners.train_snapshots = original
+    assert trained == [one]
+    for cell, runs in second.items():
+        assert set(runs.cache.values()) == ({"miss"} if cell == (False, 100.0, 10.0) else {"hit"}), cell
+        assert _same_payload(runs, first[cell])
+
+
+def test_train_snapshots_refuses_sweeps_that_differ_in_more_than_the_optimiser():
+    from lengthgen_utils.run.runners import train_snapshots
+
+    with pytest.raises(ValueError, match=r"configs\[1\] differs"):
+        train_snapshots([SMALL_MAP.cell(10.0, 0.0), SMALL_MAP.cell(100.0, 0.0)], device="cpu")
+    with pytest.raises(TypeError, match="SnapshotSweep"):
+        train_snapshots([], device="cpu")

@@ -454,14 +454,22 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
         ValueError: a device this machine cannot compute on
             (:func:`~lengthgen_utils._validate.check_device`), or a cache path whose ``~`` names no home folder.
     """
+    folder, key, description, payload, status = _look_up(config, cache, device, threads)
+    if payload is not None:
+        return payload, "hit"
+    payload = compute()
+    return payload, _store(folder, key, description, payload, status)
+
+
+def _look_up(config, cache, device, threads):
+    """The entry of ``config``: ``(folder or None when the cache is off, key, description, payload or None,
+    status of a miss)``; an entry that fails a check or cannot be read is reported, and is a miss."""
     if not is_dataclass(config) or isinstance(config, type):
         raise TypeError(f"config must be a dataclass instance; got {type(config).__name__}")
     device = check_device(device)  # a typo or "meta" is refused by name before any work
     folder = None if cache is False else cache_dir(None if cache is True or cache is None else os.fspath(cache))
     if folder is None:
-        payload = compute()
-        check_payload(payload)
-        return payload, "off"
+        return None, None, None, None, "off"
     description = cache_description(config, device, threads)
     key = make_key(description)
     status = "miss"
@@ -476,15 +484,59 @@ def load_or_run(config, compute: Callable[[], dict], cache=True, device=None,
             pass
     except OSError as e:  # a permission, a file where the folder should be, an entry that is a folder, ...
         warnings.warn(f"results cache: cannot read {entry_path(folder, key)} ({type(e).__name__}: {e}); "
-                      "recomputing it", RuntimeWarning, stacklevel=2)
+                      "recomputing it", RuntimeWarning, stacklevel=3)
         status, payload = "recomputed", None
-    if payload is not None:
-        return payload, "hit"
-    payload = compute()
+    return folder, key, description, payload, status
+
+
+def _store(folder, key, description, payload, status) -> str:
+    """Store a computed ``payload`` under ``key`` (checked; with the cache off, only checked); returns ``status``."""
+    if folder is None:
+        check_payload(payload)
+        return "off"
     meta = {"description": description, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         save_entry(folder, key, payload, meta)
     except OSError as e:
         warnings.warn(f"results cache: could not store the entry in {folder} ({e}); continuing without it",
-                      RuntimeWarning, stacklevel=2)
-    return payload, status
+                      RuntimeWarning, stacklevel=3)
+    return status
+
+
+def load_or_run_many(configs, compute_many: Callable[[list], list], cache=True, device=None,
+                     threads: int | None = None) -> list[tuple[dict, str]]:
+    """:func:`load_or_run` for several configurations whose missing results are computed together.
+
+    Each configuration keeps its own entry, keyed exactly as :func:`load_or_run` keys it, so a later
+    ``load_or_run(config, ...)`` reads only that entry. ``compute_many`` is called at most once, with the
+    configurations whose entries are missing (in the order given), e.g. to train several cells of a sweep
+    as one batched ensemble; it is not called when every entry is there.
+
+    Args:
+        configs: frozen dataclass instances.
+        compute_many: ``compute_many(missing) -> [payload, ...]``, one payload per configuration of ``missing``,
+            in its order (each what ``compute`` of :func:`load_or_run` returns).
+        cache, device, threads: as in :func:`load_or_run` (shared by every configuration).
+
+    Returns:
+        ``[(payload, status), ...]`` in the order of ``configs`` (status as in :func:`load_or_run`).
+
+    Raises:
+        TypeError: a configuration is not a dataclass instance, or a payload holds an object the cache cannot
+            store safely.
+        ValueError: ``compute_many`` returned a number of payloads other than the missing count; a device
+            this machine cannot compute on.
+    """
+    configs = list(configs)
+    looked = [_look_up(config, cache, device, threads) for config in configs]
+    missing = [i for i, (_, _, _, payload, _) in enumerate(looked) if payload is None]
+    results = [(payload, "hit") for _, _, _, payload, _ in looked]
+    if missing:
+        computed = list(compute_many([configs[i] for i in missing]))
+        if len(computed) != len(missing):
+            raise ValueError(f"compute_many must return one payload per missing configuration ({len(missing)}); "
+                             f"got {len(computed)}")
+        for i, payload in zip(missing, computed):
+            folder, key, description, _, status = looked[i]
+            results[i] = (payload, _store(folder, key, description, payload, status))
+    return results

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -24,7 +25,7 @@ from ..core.fast import FastTransformer
 from ..core.models import ContentRetrievalHead, KernelHead, LinearRNN, RetrievalHead
 from ..core.rope import kernel_frequencies, rope_kernel_features
 from ..core.tasks import as_task_list
-from .cache import load_or_run
+from .cache import load_or_run, load_or_run_many
 from .configs import (KernelHeadConfig, RecurrentExperiment, RegimeMap, RetrievalExperiment, RetrievalSweep, SnapshotSweep,
                       TransformerExperiment, transformer_experiment)
 from .evaluation import accuracy_by_length, split_accuracy, squared_error_by_length, token_accuracy_by_position
@@ -231,6 +232,91 @@ class _LogLengthTrainingHead(RetrievalHead):
         return super().forward(tokens, position_shift, validate, scale, positions)
 
 
+def _snapshot_head(config: SnapshotSweep, seeds, training: bool = False) -> RetrievalHead:
+    """The untrained heads of ``config`` with initialisation ``seeds`` (one per model): content heads with
+    ``config.content``; in training with ``config.length_temperature``, the log-length-scaled head."""
+    sweep = config.sweep
+    pe, attention = sweep.pes[0], sweep.attentions[0]
+    shape = (sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention)
+    if config.content:
+        return ContentRetrievalHead(*shape, max_len=sweep.table_len, n_models=len(seeds), seeds=seeds,
+                                    init_scale=sweep.init_scale)
+    if training and config.length_temperature:
+        return _LogLengthTrainingHead(*shape, max_len=sweep.table_len, n_models=len(seeds), seeds=seeds,
+                                      init_scale=sweep.init_scale, train_len=sweep.train_len)
+    return _retrieval_head(sweep, len(seeds), seeds, pe, attention)
+
+
+def trains_with(config: SnapshotSweep) -> SnapshotSweep:
+    """``config`` with its optimiser's learning rate, weight decay and momentum set aside: snapshot sweeps
+    equal under it share every shape, task, seed and the data stream, so they train as one ensemble with one
+    optimiser setting per model (:func:`train_snapshots`)."""
+    sweep = replace(config.sweep, lr=1.0, weight_decay=0.0, momentum=0.0)
+    return replace(config, sweep=sweep)
+
+
+def train_snapshots(configs, device=None) -> list[dict]:
+    """Train the snapshot sweeps ``configs`` as ONE batched ensemble; return each one's payload.
+
+    The sweeps may differ only in the optimiser's learning rate, weight decay and momentum (equal under
+    :func:`trains_with`): the ensemble holds each sweep's heads in turn, each with its own sweep's setting
+    (:class:`~lengthgen_utils.run.optim.PerModelOptimizer`; one sweep alone trains with torch's optimiser),
+    on the one data stream they share. Every member is updated exactly as in its sweep's own training and
+    each sweep's snapshots are evaluated on its own heads, so each payload is bit for bit the one its sweep
+    trained alone gives (``tests/test_regime_map.py``), in less time: much of a head's step is per-operation
+    overhead, shared by every model of an ensemble (120 heads trained at 1.5-1.9x the model-steps/s of 20 on
+    the book's 2-core machine: ``python -m lengthgen_utils.tools.bench``, section 1b; ``running.md``).
+
+    Args:
+        configs: one or more :class:`~lengthgen_utils.run.configs.SnapshotSweep`.
+        device: where to train (default :func:`~lengthgen_utils.run.training.default_device`).
+
+    Returns:
+        one payload per sweep, in order: ``{"states": [state dict per snapshot], "loss_history": [steps, n],
+        "accuracy": [[n, len(lengths)] per snapshot]}`` (what :func:`run_snapshots` caches).
+
+    Raises:
+        TypeError / ValueError: ``configs`` empty or not snapshot sweeps, or sweeps that differ in more than
+            the optimiser's hyper-parameters.
+    """
+    configs = list(configs)
+    if not configs or not all(isinstance(c, SnapshotSweep) for c in configs):
+        raise TypeError(f"configs must be one or more SnapshotSweep; got {[type(c).__name__ for c in configs]}")
+    first = configs[0]
+    for i, config in enumerate(configs):
+        if trains_with(config) != trains_with(first):
+            raise ValueError(f"configs[{i}] differs from configs[0] in more than lr, weight_decay and momentum; "
+                             "such sweeps cannot share one training")
+    device = _device(device)
+    sweep = first.sweep
+    n, tasks, seeds = sweep.n_models, sweep.tasks, sweep.seeds
+    lengths = list(first.lengths)
+    scale = log_length_scale(lengths, sweep.train_len) if first.length_temperature else None
+    model = _snapshot_head(first, seeds * len(configs), training=True)  # sweep-major: rows c*n .. (c+1)*n - 1
+    settings = [c.sweep.optimizer_settings for c in configs for _ in range(n)]
+    kept = {}
+
+    def keep(step, _loss):
+        if step in first.snapshot_steps:
+            kept[step] = {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+    history = train(model, tasks * len(configs), settings, steps=sweep.steps, batch_size=sweep.batch_size,
+                    train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed,
+                    device=device, min_train_len=sweep.shortest_train_len, callback=keep, train_set=sweep.train_set)
+    payloads = []
+    for c in range(len(configs)):
+        rows = slice(c * n, (c + 1) * n)
+        states = [{name: t[rows].clone() for name, t in kept[step].items()} for step in first.snapshot_steps]
+        accuracy = []
+        for state in states:
+            plain = _snapshot_head(first, seeds).to(device)
+            plain.load_state_dict(state)
+            accuracy.append(accuracy_by_length(plain, tasks, lengths, n_samples=first.eval_samples,
+                                               logit_scale=scale, batch_size=256 if first.content else 1024))
+        payloads.append({"states": states, "loss_history": history[:, rows].clone(), "accuracy": accuracy})
+    return payloads
+
+
 def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
     """Train the one ensemble of ``config.sweep`` once, keeping its weights at ``config.snapshot_steps``.
 
@@ -238,7 +324,7 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
     not depend on the run's length). Every snapshot is evaluated at ``config.lengths`` (with the log-length
     scale when ``config.length_temperature``); with ``config.content`` the heads are
     :class:`~lengthgen_utils.core.models.ContentRetrievalHead` (queries and keys see the tokens). Results go
-    through the results cache.
+    through the results cache (:func:`train_snapshots` computes them).
 
     Returns:
         a :class:`~lengthgen_utils.run.results.Runs` with one ensemble per snapshot: its members carry the
@@ -246,54 +332,27 @@ def run_snapshots(config: SnapshotSweep, device=None, cache=True) -> Runs:
         loss history is the run's, up to its last step.
     """
     device = _device(device)
+    payload, status = load_or_run(config, lambda: train_snapshots([config], device)[0], cache=cache, device=device,
+                                  threads=default_cpu_threads("single-head"))
+    return _snapshot_runs(config, payload, status, device)
+
+
+def _snapshot_runs(config: SnapshotSweep, payload: dict, status: str, device) -> Runs:
+    """The :class:`~lengthgen_utils.run.results.Runs` of :func:`run_snapshots` from its payload."""
     sweep = config.sweep
     pe, attention = sweep.pes[0], sweep.attentions[0]
     tasks, seeds = sweep.tasks, sweep.seeds
-    lengths = list(config.lengths)
-    scale = log_length_scale(lengths, sweep.train_len) if config.length_temperature else None
-
-    def build(training: bool = False) -> RetrievalHead:
-        if config.content:
-            return ContentRetrievalHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
-                                        max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
-                                        init_scale=sweep.init_scale)
-        if training and config.length_temperature:
-            return _LogLengthTrainingHead(sweep.vocab_size, sweep.d_model, sweep.d_head, pe, attention,
-                                          max_len=sweep.table_len, n_models=sweep.n_models, seeds=seeds,
-                                          init_scale=sweep.init_scale, train_len=sweep.train_len)
-        return _retrieval_head(sweep, sweep.n_models, seeds, pe, attention)
-
-    def compute():
-        model = build(training=True)
-        kept = {}
-
-        def keep(step, _loss):
-            if step in config.snapshot_steps:
-                kept[step] = {name: t.detach().clone() for name, t in model.state_dict().items()}
-
-        history = train(model, tasks, sweep.optimizer_settings, steps=sweep.steps, batch_size=sweep.batch_size,
-                        train_len=sweep.train_len, fixed_length=sweep.fixed_length, seed=sweep.data_seed, device=device, min_train_len=sweep.shortest_train_len, callback=keep,
-                        train_set=sweep.train_set)
-        accuracy = []
-        for step in config.snapshot_steps:
-            plain = build().to(device)
-            plain.load_state_dict(kept[step])
-            accuracy.append(accuracy_by_length(plain, tasks, lengths, n_samples=config.eval_samples,
-                                               logit_scale=scale, batch_size=256 if config.content else 1024))
-        return {"states": [kept[s] for s in config.snapshot_steps], "loss_history": history, "accuracy": accuracy}
-
-    payload, status = load_or_run(config, compute, cache=cache, device=device,
-                                  threads=default_cpu_threads("single-head"))
     members, ensembles, accuracy = [], [], []
     for step, state, acc in zip(config.snapshot_steps, payload["states"], payload["accuracy"]):
-        model = build()
+        model = _snapshot_head(config, seeds)
         model.load_state_dict(state)
         ensembles.append(Ensemble(model.to(device).eval(), list(range(len(members), len(members) + len(tasks))),
-                                  build))
+                                  lambda: _snapshot_head(config, seeds)))
         members += [{**m, "step": step} for m in _members(pe, attention, tasks, seeds)]
         accuracy.append(acc)
     history = payload["loss_history"].repeat(1, len(config.snapshot_steps))
-    return Runs(config, members, lengths, torch.cat(accuracy), ensembles, history, cache={(pe, attention): status})
+    return Runs(config, members, list(config.lengths), torch.cat(accuracy), ensembles, history,
+                cache={(pe, attention): status})
 
 
 # ---------------------------------------------------------------- the direct kernel head (chapter 6)
@@ -547,6 +606,12 @@ SUITES: dict[str, Callable] = {"single-head": run_single_head_suite, "transforme
 def run_regime_map(config: RegimeMap, device=None, cache=True) -> dict:
     """Train every cell of a :class:`~lengthgen_utils.run.configs.RegimeMap` (each through the results cache).
 
+    Each cell keeps its own cache entry, the one :func:`run_snapshots` of :meth:`RegimeMap.cell` reads; the
+    cells whose entries are missing train together: cells that differ only in weight decay (one RoPE base,
+    one kind of head) as one ensemble (:func:`train_snapshots`: each member bit for bit its cell's own
+    training), the ensembles up to one per CPU core at once. The ``default`` map's 24 cells train as 6
+    ensembles (3 bases x {position-only, content}).
+
     Returns:
         ``{(content, base, weight_decay): Runs}`` in :attr:`RegimeMap.cells` order, each the
         :func:`run_snapshots` result of :meth:`RegimeMap.cell`.
@@ -556,12 +621,32 @@ def run_regime_map(config: RegimeMap, device=None, cache=True) -> dict:
     """
     if not isinstance(config, RegimeMap):
         raise TypeError(f"config must be a RegimeMap; got {type(config).__name__}")
-    def train_cell(cell):
-        content, base, weight_decay = cell
-        return run_snapshots(config.cell(base, weight_decay, content), device=device, cache=cache)
+    device = _device(device)
+    cells = config.cells
+    sweeps = [config.cell(base, weight_decay, content) for content, base, weight_decay in cells]
+    done = load_or_run_many(sweeps, lambda missing: train_together(missing, device), cache=cache, device=device,
+                            threads=default_cpu_threads("single-head"))
+    return {cell: _snapshot_runs(sweep, payload, status, device)
+            for cell, sweep, (payload, status) in zip(cells, sweeps, done)}
 
-    cells = config.cells  # independent: up to one per CPU core at once
-    return dict(zip(cells, parallel_map(train_cell, cells, workers=parallel_workers(device))))
+
+def train_together(configs, device=None) -> list[dict]:
+    """:func:`train_snapshots` of ``configs`` with every group that can share a training (equal under
+    :func:`trains_with`) trained as one ensemble, the groups up to one per CPU core at once
+    (:func:`~lengthgen_utils.run.parallel.parallel_map`). Returns one payload per config, in order."""
+    configs = list(configs)
+    groups: dict = {}
+    for i, c in enumerate(configs):
+        groups.setdefault(trains_with(c), []).append(i)
+    # the largest groups first, so the last to start is a small one
+    order = sorted(groups.values(), key=lambda rows: -sum(configs[i].sweep.n_models for i in rows))
+    trained = parallel_map(lambda rows: train_snapshots([configs[i] for i in rows], device), order,
+                           workers=parallel_workers(device))
+    payloads = [None] * len(configs)
+    for rows, group in zip(order, trained):
+        for i, payload in zip(rows, group):
+            payloads[i] = payload
+    return payloads
 
 
 def run_many(runner: Callable, experiments: dict, device=None, cache=True, **kwargs) -> dict:

@@ -20,7 +20,7 @@ from .._validate import check_device, check_fits, check_int, env_int, per_model_
 from ..core.models import KernelHead, Transformer
 from ..core.tasks import IGNORE_INDEX, as_task_list, batch_targets, shared_task
 from ..core.seeding import generator
-from .optim import OptimizerSettings, build_optimizer
+from .optim import OptimizerSettings, build_optimizer, per_model_settings
 
 
 def default_device() -> torch.device:
@@ -151,10 +151,13 @@ def cpu_threads(n: int | None):
             torch.set_num_threads(previous)
 
 
-def _check_optimizer(optimizer, default: OptimizerSettings) -> OptimizerSettings:
-    """``optimizer``, or ``default`` when it is ``None``; a ``TypeError`` naming it for anything else."""
+def _check_optimizer(optimizer, default: OptimizerSettings, n_models: int | None = None):
+    """``optimizer``, or ``default`` when it is ``None``; a ``TypeError`` naming it for anything else. With
+    ``n_models``, also one setting per model (:func:`~lengthgen_utils.run.optim.per_model_settings`)."""
     if optimizer is None:
         return default
+    if n_models is not None:
+        return per_model_settings(optimizer, n_models)
     if not isinstance(optimizer, OptimizerSettings):
         raise TypeError(f"optimizer must be None or an OptimizerSettings (lengthgen_utils.run.optim); got "
                         f"{type(optimizer).__name__} {optimizer!r:.80}")
@@ -191,6 +194,8 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
         optimizer: the update rule and its hyper-parameters
             (:class:`~lengthgen_utils.run.optim.OptimizerSettings`, built by
             :func:`~lengthgen_utils.run.optim.build_optimizer`); default ``OptimizerSettings()``, Adam with lr 1e-2.
+            Or one per model (same rule; learning rate, weight decay and momentum may differ): each model
+            trains exactly as it would alone with its own (:class:`~lengthgen_utils.run.optim.PerModelOptimizer`).
         steps: optimiser steps, >= 1.
         batch_size: sequences per step (shared by all models).
         train_len: longest training length L_train.
@@ -222,7 +227,7 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
         ValueError / TypeError: a size or rate out of range, ``train_len`` too short for an offset, or a
             device this machine cannot compute on (a typo, ``"cuda"`` without CUDA, ``"meta"``).
     """
-    optimizer = _check_optimizer(optimizer, OptimizerSettings())
+    optimizer = _check_optimizer(optimizer, OptimizerSettings(), model.n_models)
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     seed = check_int("seed", seed, minimum=0)

@@ -8,6 +8,12 @@ Prints, from one run on one machine:
    that other load on the machine hits both alike; the sequential rate does
    not depend on how many models there are, so it is timed on at most
    ``--seq-models`` of them;
+1b. the single head at the ensemble sizes the book trains at (``--head-sizes``: 20 heads, today's
+   chapter ensembles; 120 and 480, several cells trained as one) against one head at a time (the
+   package's ``train`` on ``n_models=1``) and against a plain PyTorch loop (one ``nn.Module`` head,
+   per-sequence attention, ``torch.optim.AdamW``, as a tutorial writes it), side by side in alternating
+   rounds; and 120 heads whose weight decay differs by model (six values, the regime map's cells, through
+   :class:`~lengthgen_utils.run.optim.PerModelOptimizer`);
 2. the same at 32 models with two intra-op threads instead of one, to show
    what thread synchronisation costs on a small, shared CPU;
 3. wall time and peak memory (peak resident set of a fresh process; on CUDA,
@@ -106,6 +112,119 @@ def throughput(sizes, steps: int, reps: int, seq_models: int, device, threads) -
         rows.append({"models": m, "batched": statistics.median(b), "sequential": statistics.median(s),
                      "batched_all": b, "sequential_all": s})
     return rows
+
+
+class PlainHead(nn.Module):
+    """One position-only retrieval head as a tutorial writes it (the plain PyTorch peer of section 1b).
+
+    Queries and keys see the learned vector ``u`` only, RoPE by ``rotate_half`` (half-split, as the
+    package), the query at the last position attends over every key, values ``W_V e(x_j)`` per token:
+    ``logits = W_O sum_j a_j W_V e(x_j)``, computed per sequence as an ``nn.Module`` does. Built from row
+    ``index`` of a package :class:`~lengthgen_utils.core.models.RetrievalHead` (RoPE, softmax): the same
+    weights, the same function (``tests/test_performance.py``)."""
+
+    def __init__(self, model: RetrievalHead, index: int):
+        super().__init__()
+        self.embed, self.u, self.w_q, self.w_k, self.w_v, self.w_o = (
+            nn.Parameter(getattr(model, name)[index].detach().clone())
+            for name in ("embed", "u", "w_q", "w_k", "w_v", "w_o"))
+        self.register_buffer("inv_freq", rope_inverse_frequencies(model.config.d_head).float(), persistent=False)
+
+    def forward(self, tokens):  # [B, L] -> logits [B, V]
+        seq_len = tokens.shape[1]
+        angles = torch.arange(seq_len, dtype=torch.float32)[:, None] * self.inv_freq  # [L, d_head / 2]
+        angles = torch.cat((angles, angles), -1)
+        cos, sin = angles.cos(), angles.sin()
+        x = self.u.expand(*tokens.shape, -1)  # [B, L, d_model]: no token content
+        q = x[:, -1:] @ self.w_q.T
+        q = q * cos[-1:] + rotate_half(q) * sin[-1:]  # [B, 1, d_head]
+        k = x @ self.w_k.T
+        k = k * cos + rotate_half(k) * sin  # [B, L, d_head]
+        a = (q @ k.transpose(1, 2) / k.shape[-1] ** 0.5).softmax(-1)  # [B, 1, L]
+        v = self.embed[tokens] @ self.w_v.T  # [B, L, d_head]
+        return (a @ v)[:, 0] @ self.w_o.T
+
+
+def plain_head_rate(n_models: int, steps: int, device: torch.device) -> float:
+    """Model-steps/s of :class:`PlainHead` trained one model at a time with ``torch.optim.AdamW`` (lr 1e-2), on
+    the single head's recipe (batch 256, lengths ``U{5..16}``), from the package's initial weights."""
+    template = RetrievalHead(n_models=n_models, seeds=range(n_models))
+    models = [PlainHead(template, i).to(device) for i in range(n_models)]  # built outside the timing
+    _sync(device)
+    start = time.perf_counter()
+    for model in models:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(steps):
+            seq_len = int(torch.randint(TASK.min_seq_len, 17, (1,), generator=gen))
+            tokens, targets = TASK.sample(256, seq_len, gen)
+            loss = F.cross_entropy(model(tokens.to(device)), targets[:, -1].to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    _sync(device)
+    return n_models * steps / (time.perf_counter() - start)
+
+
+MIXED_DECAYS = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0)
+"""The weight decays of the regime map's position-only cells: section 1b's mixed-setting ensemble."""
+
+
+def mixed_rate(n_models: int, steps: int, device: torch.device, threads: int | None) -> float:
+    """Model-steps/s of one ensemble whose weight decay differs by model (:data:`MIXED_DECAYS` in turn)."""
+    model = RetrievalHead(n_models=n_models, seeds=range(n_models))
+    settings = [OptimizerSettings(weight_decay=MIXED_DECAYS[i * len(MIXED_DECAYS) // n_models])
+                for i in range(n_models)]
+    _sync(device)
+    start = time.perf_counter()
+    train(model, TASK, settings, steps=steps, device=device, num_threads=threads, progress=False)
+    _sync(device)
+    return n_models * steps / (time.perf_counter() - start)
+
+
+def ensemble_sizes(sizes, steps: int, reps: int, seq_models: int, device, threads) -> dict:
+    """Section 1b: ``{"batched": {size: rate}, "mixed": {size: rate}, "one at a time": rate, "plain loop": rate}``
+    (model-steps/s, medians of ``reps`` alternating rounds; the two loops on ``seq_models`` heads each, their
+    rate does not depend on how many there are). ``"mixed"`` is timed at 120 heads when 120 is in ``sizes``,
+    else at the largest size."""
+    mixed_at = 120 if 120 in sizes else max(sizes)
+    plain_head_rate(1, 3, device)  # warm-up
+    rounds: dict = {}
+    for _ in range(reps):
+        for m in sizes:
+            rounds.setdefault(("batched", m), []).append(batched_rate(m, steps, device, threads))
+            if m == mixed_at:
+                rounds.setdefault(("mixed", m), []).append(mixed_rate(m, steps, device, threads))
+        rounds.setdefault(("one at a time", 0), []).append(sequential_rate(seq_models, steps, device, threads))
+        with cpu_threads(threads):
+            rounds.setdefault(("plain loop", 0), []).append(plain_head_rate(seq_models, steps, device))
+    out: dict = {"batched": {}, "mixed": {}}
+    for (kind, m), values in rounds.items():
+        if m:
+            out[kind][m] = statistics.median(values)
+        else:
+            out[kind] = statistics.median(values)
+    return out
+
+
+def print_ensemble_sizes(result: dict, steps: int, reps: int, seq_models: int) -> None:
+    """Print section 1b (see :func:`ensemble_sizes`) with the aims: >= 3x at 120 heads over 20-head
+    ensembles, >= 30x over one head at a time."""
+    one, plain = result["one at a time"], result["plain loop"]
+    print(f"\n1b. the single head by heads per ensemble ({steps} steps per timing, median of {reps} alternating "
+          f"rounds; the loops on {seq_models} heads): model-steps/s")
+    print(f"   one head at a time (train, n_models=1): {one:.0f}; plain PyTorch loop (nn.Module, AdamW): {plain:.0f}")
+    print(f"{'heads':>7} {'batched':>10} {'vs 20':>7} {'vs one':>8} {'vs plain':>9}")
+    for m, rate in result["batched"].items():
+        vs20 = rate / result["batched"][20] if 20 in result["batched"] else float("nan")
+        print(f"{m:>7} {rate:>10.0f} {vs20:>6.1f}x {rate / one:>7.1f}x {rate / plain:>8.1f}x")
+    for m, rate in result["mixed"].items():
+        print(f"{str(m) + ' *':>7} {rate:>10.0f}   (* weight decay per model, {len(MIXED_DECAYS)} values: "
+              f"{rate / result['batched'][m]:.2f}x the shared-setting ensemble)")
+    if 20 in result["batched"] and 120 in result["batched"]:
+        r20, r1 = result["batched"][120] / result["batched"][20], result["batched"][120] / one
+        print(f"   aims at 120 heads: >= 3x the 20-head ensembles: {'met' if r20 >= 3 else 'NOT met'} ({r20:.1f}x); "
+              f">= 30x one head at a time: {'met' if r1 >= 30 else 'NOT met'} ({r1:.1f}x)")
 
 
 def flops_per_model_step(train_len: int = 16, n_models: int = 32) -> float:
@@ -492,13 +611,16 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="training steps per timing")
     parser.add_argument("--reps", type=int, default=3, help="alternating rounds per size (median)")
     parser.add_argument("--seq-models", type=int, default=8, help="models timed in the sequential loop")
+    parser.add_argument("--head-sizes", type=int, nargs="*", default=[20, 120, 480],
+                        help="heads per ensemble of section 1b (the flag alone, with no sizes, skips it)")
+    parser.add_argument("--head-reps", type=int, default=3, help="alternating rounds of section 1b (median)")
     parser.add_argument("--sweep", default="default", help="profile of the timed sweep (quick|default|full|none)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
     parser.add_argument("--no-thread-comparison", action="store_true", help="skip the two-thread measurement")
     parser.add_argument("--no-parallel", action="store_true", help="skip the side-by-side ensembles (2b)")
     parser.add_argument("--parallel-steps", type=int, default=500, help="training steps of each ensemble in 2b")
-    parser.add_argument("--tf-sizes", type=int, nargs="+", default=[1, 3, 9, 27],
-                        help="transformer ensemble sizes (section 5); none skips it")
+    parser.add_argument("--tf-sizes", type=int, nargs="*", default=[1, 3, 9, 27],
+                        help="transformer ensemble sizes (section 5); the flag alone, with no sizes, skips it")
     parser.add_argument("--tf-threads", type=int, nargs="+", default=[1, 2], help="thread counts of section 5")
     parser.add_argument("--tf-steps", type=int, default=8, help="training steps per transformer timing")
     parser.add_argument("--tf-reps", type=int, default=3, help="alternating rounds per transformer size (median)")
@@ -507,6 +629,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:  # checked before any work: a bad device is one line, not a traceback
         device = check_device(args.device, "--device")
+        for m in args.head_sizes:
+            check_int("--head-sizes", m, minimum=1)
+        check_int("--head-reps", args.head_reps, minimum=1)
     except (ValueError, TypeError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
@@ -536,6 +661,10 @@ def main(argv=None) -> int:
         ratio32 = ratio32["batched"] / ratio32["sequential"]
         print(f"   target: batched >= 10x sequential at 32 models: {'met' if ratio32 >= 10 else 'NOT met'} "
               f"({ratio32:.1f}x)")
+
+    if args.head_sizes:
+        result = ensemble_sizes(args.head_sizes, args.steps, args.head_reps, args.seq_models, device, threads)
+        print_ensemble_sizes(result, args.steps, args.head_reps, args.seq_models)
 
     if device.type == "cpu" and (os.cpu_count() or 1) >= 2 and not args.no_thread_comparison:
         steps2 = max(5, args.steps // 4)
