@@ -139,9 +139,9 @@ def test_bad_settings_are_refused_by_name(kwargs, match):
 
 
 def test_the_builder_and_the_trainers_refuse_what_is_not_settings():
-    with pytest.raises(TypeError, match="settings must be an OptimizerSettings"):
+    with pytest.raises(TypeError, match="optimizer must be an OptimizerSettings or a sequence"):
         build_optimizer(RetrievalHead(), "adam")
-    with pytest.raises(TypeError, match="optimizer must be None or an OptimizerSettings"):
+    with pytest.raises(TypeError, match="optimizer must be an OptimizerSettings or a sequence of one per model"):
         train(RetrievalHead(), TASK, {"lr": 1e-2}, steps=1)
     with pytest.raises(ValueError, match="fused applies to 'adamw' only"):
         build_optimizer(RetrievalHead(), OptimizerSettings("sgd", lr=0.1), fused=True)
