@@ -215,5 +215,5 @@ def test_every_chapter_names_its_evidence():
     assert len(named) == 10 and all("evidence" in k for calls in named.values() for k, _ in calls), named
     assert [c for _, c in named["05b_regime_map"]] == ["C4", "C1.content-aware head", "C4.aligned", "C4.low rank",
                                                        "C5"]
-    assert [c for _, c in named["05c_what_selects_the_rule"]] == ["X:what selects the rule"]
+    assert [c for _, c in named["05c_what_selects_the_rule"]] == ["X:selection"]
     assert [c for _, c in named["04_carrier_kernel"]] == ["X:aliases"] and "05_dilution_law" not in named

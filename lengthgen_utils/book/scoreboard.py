@@ -189,7 +189,7 @@ CHAPTER_PAGE = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
 """A chapter as a record names it: the notebook's path in the book without its suffix
 (``chapters/04_carrier_kernel``): letters, digits, ``_`` and ``-`` between slashes, so never a scheme
 (``javascript:``), a ``..`` or an address outside the book."""
-_FINDING = re.compile(r"X:[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
+_FINDING = re.compile(r"X:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def provenance() -> dict:
@@ -303,7 +303,7 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
     """
     if claim not in CLAIMS and claim not in SUBCLAIMS and not (isinstance(claim, str) and _FINDING.fullmatch(claim)):
         raise ValueError(f"claim must be one of {tuple(CLAIMS)}, a half of one {tuple(SUBCLAIMS)} or 'X:<name>', "
-                         f"the name 1-64 letters, digits, spaces, '_', '.' or '-' (it names the record's file; no "
+                         f"the name 1-64 letters, digits, '_', '.' or '-' (it names the record's file; no "
                          f"'/'); got {claim!r}")
     if not isinstance(chapter, str) or (chapter and not CHAPTER_PAGE.fullmatch(chapter)):
         raise ValueError("chapter must be the chapter's path in the book without its suffix (e.g. "
