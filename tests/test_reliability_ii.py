@@ -242,7 +242,8 @@ NO_FLOAT_INPUT = {"attention.check_qkv", "attention.check_attention", "attention
                   "theory.min_norm_interpolant", "theory.squared_loss_quadratic", "theory.frequency_orbits",
                   "theory.pair_recurrences", "kernel.shuffled_phases", "kernel.CarrierMeasures.as_dict",
                   "kernel.CarrierMeasures.select", "kernel.CarrierSpectrum.select",
-                  "theory.balanced_agreement"}  # booleans in, a rate out
+                  "theory.balanced_agreement",  # booleans in, a rate out
+                  "attention.available_memory", "attention.check_attention_fits"}  # a device, sizes and a dtype
 # differences of two nearly equal computations: their error is measured against the logits' scale
 LOGIT_SCALE = {"probes.shift_logit_difference", "probes.shared_offset_difference"}
 
@@ -569,11 +570,12 @@ ONE_VALUE = {
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
-             "probes.copy_head_placement", "ch08.copy_by_length"},  # one experiment / the check itself: one task
+             "probes.copy_head_placement", "ch08.copy_by_length",  # one experiment / the check itself: one task
+             "runners.recurrent_accuracy"},  # handed on to accuracy_by_length, whose per-model tasks are walked
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "fast.FastTransformer.forward",
                "fast.FastTransformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
                "tasks.batch_targets", "tasks.query_targets",
-               "bench.PlainGPT.forward"},  # [B, L] shared by every model (the benchmark's peer: one model)
+               "bench.PlainGPT.forward", "bench.PlainHead.forward"},  # [B, L] shared by every model (the benchmark's peer: one model)
     "weights": {"kernel.participation_ratio", "kernel.alignment"},  # any non-negative weights, no model dimension assumed
     # a null's seed (one random stream for every draw), per-head labels and margins of figures whose length
     # defines M, and a result's record filled by the runner
@@ -584,11 +586,13 @@ ONE_VALUE = {
              "ch09.shift_violation", "bench.tf_batches", "seeding.effective_seed",
              "seeding.generator",  # the benchmark's batches, a generator: one stream for every model
              "predictions.score_lags", "ch04.prior_report", "ch01.committed_failures",
-             "evaluation.attention_vote"},  # a null's seed; the vote's sequences, shared by every head
+             "evaluation.attention_vote",
+             "rates.shuffled_agreement"},  # a null's seed; the vote's sequences, shared by every head
     "labels": {"ch04.alias_vs_failure", "ch05.dilution_slider", "ch05.accuracy_heatmap", "ch05.r2_vs_reach",
                "ch04.censored_scatter", "ch05.r2_vs_margin"},  # define M: the others are checked against them
     "measured": {"ch05.dilution_panel",
-                 "predictions.score_lags"},  # measured lags: a list whose length defines the heads scored
+                 "predictions.score_lags",  # measured lags: a list whose length defines the heads scored
+                 "rates.shuffled_agreement"},  # one value per head, checked against the predictions' length
     "exact": {"ch05.dilution_panel"},  # one model's panel
     "mean_field": {"ch05.dilution_panel"}, "alias_distance": set(),
     "failure_length": set(),
