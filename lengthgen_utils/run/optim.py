@@ -280,7 +280,7 @@ def build_optimizer(model: torch.nn.Module, settings, fused: bool = False) -> to
     if fused and settings.name != "adamw":
         raise ValueError(f"fused applies to 'adamw' only; got optimizer {settings.name!r}")
     if fused:
-        return torch.optim.AdamW(groups, lr=settings.lr, fused=True)
+        return _adamw(groups, settings, fused=True)
     return OPTIMIZERS[settings.name].build(groups, settings)
 
 
@@ -399,8 +399,8 @@ def _sign_per_model(p, grad, state, coef):
 
 
 @register_optimizer("adamw", per_model=_adamw_per_model)
-def _adamw(groups, settings):
-    return torch.optim.AdamW(groups, lr=settings.lr)
+def _adamw(groups, settings, fused: bool = False):
+    return torch.optim.AdamW(groups, lr=settings.lr, fused=True if fused else None)
 
 
 @register_optimizer("sgd", momentum=True, per_model=_sgd_per_model)
