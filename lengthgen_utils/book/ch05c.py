@@ -190,7 +190,7 @@ def accuracy_panels(curves: dict, chance: float, train_len: int, title: str) -> 
     for col in (1, 2):
         fig.add_hline(y=chance, line=dict(color="black", dash="dot", width=1.2), row=1, col=col)
         fig.add_vline(x=float(np.log2(train_len)), line=dict(color="gray", dash="dash", width=1), row=1, col=col)
-        fig.update_xaxes(title="length L (tokens, log scale)", tickvals=np.log2(t),
+        fig.update_xaxes(title="L (tokens)", tickvals=np.log2(t),
                          ticktext=[f"{v}" if v % train_len else f"{v}<br>{v // train_len}x" for v in t],
                          row=1, col=col)
     fig.update_yaxes(title="accuracy at the query", range=[-0.02, 1.05], row=1, col=1)
