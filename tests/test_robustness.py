@@ -212,7 +212,7 @@ def test_the_report_shows_pass_fail_ranges_and_margins():
                "seed=1": {"01_x": {"error": "AssertionError", "checks": [check("acc", 0.90, 0.95, False)]}}}
     text = robustness.report(results, ["machine", "seed=1"])
     assert "| 01_x | pass | **FAIL 1** |" in text
-    assert "| 01_x | acc | evidence | >= 0.95 | 0.9 .. 0.99 | -0.05 | seed=1 |" in text
+    assert "| 01_x | acc | evidence | >= 0.95 | 0.9 .. 0.99 | -0.05 | 0/1 | seed=1 |" in text  # 0 of 1 seed base
     assert "-5%" in text  # the smallest relative margin
 
     exact = dict(check("same twice", 0.0, 0.0, True), op="<=", kind="code")  # margin 0 by construction
@@ -220,6 +220,19 @@ def test_the_report_shows_pass_fail_ranges_and_margins():
     results["seed=1"]["01_x"]["checks"].append(exact)
     text = robustness.report(results, ["machine", "seed=1"])
     assert "| 01_x | -5% | acc |" in text  # the chapter's smallest margin is its evidence's, not the code check's
+
+
+def test_the_running_page_section_is_replaced_between_its_markers_only(tmp_path):
+    page = tmp_path / "running.md"
+    page.write_text(f"before\n{robustness.START}\nold table\n{robustness.END}\nafter\n")
+    section = robustness.running_section("| new | table |", "robustness --chapters 05c", 12.0, "2 CPU cores")
+    robustness.update_running(section, page)
+    text = page.read_text()
+    assert text.startswith("before\n") and text.endswith("\nafter\n") and "old table" not in text
+    assert "| new | table |" in text and "robustness --chapters 05c" in text and text.count(robustness.START) == 1
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="robustness:start"):
+        robustness.update_running(section, page)
 
 
 # ---------------------------------------------------------------- a closed form on a rounding edge

@@ -163,8 +163,9 @@ def report(results: dict, names: list[str]) -> str:
                 failed = sum(not c["passed"] for c in o["checks"] or [])
                 cells.append(f"**FAIL {failed}**" if failed else "**error**")
         lines.append(f"| {stem} | " + " | ".join(cells) + " |")
-    lines += ["", "| chapter | check | kind | threshold | range over conditions | smallest margin | failed in |",
-              "|---|---|---|---|---|---|---|"]
+    seeded = [n for n in names if n.startswith("seed=")]  # the seed bases' conditions: a rate's sample
+    lines += ["", "| chapter | check | kind | threshold | range over conditions | smallest margin | "
+              "seed bases passing | failed in |", "|---|---|---|---|---|---|---|---|"]
     smallest = {}
     for stem in stems:
         by_name = {}
@@ -190,8 +191,10 @@ def report(results: dict, names: list[str]) -> str:
                 if (rel and first["kind"] == "evidence" and any(r != 0 for r in rel)
                         and (stem not in smallest or min(rel) < smallest[stem][0])):
                     smallest[stem] = (min(rel), check_name)
+            on_seeds = [n for n, _ in seen if n in seeded]
+            passing = (f"{sum(n not in failed for n in on_seeds)}/{len(on_seeds)}" if on_seeds else "–")
             lines.append(f"| {stem} | {check_name} | {first['kind']} | {threshold} | {span} | {margin} | "
-                         f"{', '.join(failed) if failed else '–'} |")
+                         f"{passing} | {', '.join(failed) if failed else '–'} |")
     lines += ["", "| chapter | smallest relative margin | check |", "|---|---|---|"]
     for stem in stems:
         if stem in smallest:
@@ -201,6 +204,38 @@ def report(results: dict, names: list[str]) -> str:
 
 
 PROG = "python -m lengthgen_utils robustness"
+RUNNING = REPO_ROOT / "running.md"
+START, END = "<!-- robustness:start -->", "<!-- robustness:end -->"
+
+
+def running_section(text: str, command: str, seconds: float, machine: str) -> str:
+    """The robustness section of ``running.md``, from a run's report: what ran, where, how long, and the tables.
+
+    Args:
+        text: :func:`report`'s Markdown.
+        command: the command line that produced it.
+        seconds: the run's wall time.
+        machine: one line on the machine (cores, torch's native CPU kernels).
+    """
+    return (f"{START}\n## Robustness: the checks under other seeds, CPU kernels and thread counts\n\n"
+            f"Written by the robustness run itself (`{command}`), on {machine}, in {seconds:.0f} s, "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}. The first table says whether each notebook passed "
+            "under each condition; the second gives every asserted quantity's range over the conditions, its "
+            "smallest margin and in how many of the seed-base conditions it passed; the third, each chapter's "
+            "closest check.\n\n:::{dropdown} The tables\n" + text + f"\n:::\n{END}")
+
+
+def update_running(section: str, path: Path = RUNNING) -> None:
+    """Replace the text between the robustness markers of ``path`` (markers included) by ``section``.
+
+    Raises:
+        ValueError: ``path`` does not hold each marker exactly once, in order.
+    """
+    page = path.read_text()
+    if page.count(START) != 1 or page.count(END) != 1 or page.index(START) > page.index(END):
+        raise ValueError(f"{path} must hold {START!r} and then {END!r}, once each")
+    head, rest = page.split(START)
+    path.write_text(head + section + rest.split(END, 1)[1])
 
 
 def _settings(args):
@@ -253,6 +288,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed-bases", nargs="+", type=int, default=[1, 2, 3],
                         help="the seed bases of the seed=N conditions, besides 0, each once (default: 1 2 3)")
     parser.add_argument("--fresh", action="store_true", help="empty each condition's results cache first")
+    parser.add_argument("--update-running", action="store_true",
+                        help="also replace running.md's robustness section by this run's report")
     parser.add_argument("--output", default=None,
                         help="also write the Markdown report to this file (not a folder; checked before the run)")
     args = parser.parse_args(argv)
@@ -277,6 +314,13 @@ def main(argv=None) -> int:
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text + "\n")
+    if args.update_running:
+        import torch
+
+        command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
+        machine = (f"{os.cpu_count()} CPU cores, torch's "
+                   f"{torch.backends.cpu.get_cpu_capability()} kernels natively")
+        update_running(running_section(text, command, time.perf_counter() - start, machine))
     ok = all(not o["error"] for outcome in results.values() for o in outcome.values())
     return 0 if ok else 1
 
