@@ -8,7 +8,8 @@ from lengthgen_utils.run import zoo
 from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.core.encodings import (LearnedAPE, RandomizedPositions, RoPE, RoPEInterpolation, RoPENTK,
                                             get_encoding)
-from lengthgen_utils.analysis.probes import PLACEMENTS, argmax_placement, copy_head_placement, shift_attention_change
+from lengthgen_utils.analysis.probes import (PLACEMENTS, argmax_placement, copy_head_placement, copying_head_reads,
+                                             shift_attention_change)
 from lengthgen_utils.run.profiles import Profile
 from lengthgen_utils.core.tasks import DelayedCopy
 
@@ -70,6 +71,20 @@ def test_copy_head_placement_finds_the_copying_head_and_classifies_its_argmax():
     assert fractions.tolist() == [[0.0, 1.0, 0.0]] * 2  # 7 < 8: still a visited position
     with pytest.raises(ValueError, match="seq_len"):
         copy_head_placement(copying, task, 32, train_len=32, visited=32)
+
+
+def test_copying_head_reads_counts_target_argmaxes_before_and_after_the_alias():
+    task = DelayedCopy(16, 5)
+    # layer 2, head 1 reads t - 5 until query 40, then the key 7 (an alias at distance t - 7 >= 33)
+    head = HeadScores(lambda t: max(t - 5, 0) if t < 40 else 7)
+    reads = copying_head_reads(head, task, [(1, 1), (1, 1)], 64, train_len=32, alias=[40, None], n_samples=2)
+    assert reads.tolist() == [[2 * 8, 2 * 8, 0, 2 * 24], [2 * 8, 2 * 32, 0, 0]]
+    other = copying_head_reads(head, task, [(0, 0), (1, 0)], 64, train_len=32, alias=[40, 40], n_samples=2)
+    assert other[:, 0].tolist() == [0, 0] and other[:, 2].tolist() == [0, 0]  # those heads read the query itself
+    with pytest.raises(ValueError, match="pairs"):
+        copying_head_reads(head, task, [(2, 0), (1, 1)], 64, train_len=32, alias=[40, 40])
+    with pytest.raises(ValueError, match="one entry per model"):
+        copying_head_reads(head, task, [(1, 1)], 64, train_len=32, alias=[40])
 
 
 def test_shift_attention_change_is_zero_for_rope_and_not_for_ape():

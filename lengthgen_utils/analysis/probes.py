@@ -623,3 +623,50 @@ def shift_attention_change(model, seq_len: int, shifts, reference: int = 0) -> T
     base = model.attention_row(seq_len, check_int("reference", reference)).double()
     cols = [0.5 * (model.attention_row(seq_len, s).double() - base).abs().sum(-1) for s in shifts]
     return torch.stack(cols, -1).cpu()
+
+
+@torch.no_grad()
+def copying_head_reads(model, task, pairs, seq_len: int, train_len: int, alias, n_samples: int = 4,
+                       seed: int = 999) -> Tensor:
+    """How often a transformer's copying head puts its argmax on the target ``t - k``, before and after its alias.
+
+    For each model ``m`` the head ``pairs[m] = (layer, head)`` is read at every query ``t >= train_len`` of
+    ``n_samples`` probe sequences of length ``seq_len``. A query is *before the alias* when the key at the
+    alias distance ``d* = alias[m]`` does not exist yet (``t < d*``, or no alias), else *after* it.
+
+    Args:
+        model: a ``Transformer`` ensemble (M models).
+        task: a task with one fixed lag ``offset`` (e.g. ``DelayedCopy``); its sequences are the probe.
+        pairs: M ``(layer, head)`` pairs, 0-based (chapter 7's copying-head rule).
+        seq_len: probe length, > ``train_len``.
+        train_len: the training length (the first query read).
+        alias: M alias distances (ints) or None (no alias within the probe).
+        n_samples, seed: probe sequences.
+
+    Returns:
+        LongTensor ``[M, 4]`` on CPU: hits before the alias, queries before it, hits after, queries after.
+
+    Raises:
+        ValueError / TypeError: ``pairs`` or ``alias`` not of length M, a pair outside the model, bad sizes.
+    """
+    offset = check_int("task.offset", getattr(task, "offset", None), minimum=1)
+    train_len = check_int("train_len", train_len, minimum=offset + 1)
+    seq_len = check_int("seq_len", task.check_seq_len(seq_len), minimum=train_len + 1)
+    m = model.n_models
+    if len(pairs) != m or len(alias) != m:
+        raise ValueError(f"pairs and alias must have one entry per model ({m}); got {len(pairs)} and {len(alias)}")
+    tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
+                            generator(check_int("seed", seed, minimum=0)), device=model.device)
+    scores = model.head_scores(tokens)  # per layer [M, B, H, L, L]
+    n_layers, n_heads = len(scores), scores[0].shape[2]
+    for layer, head in pairs:
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ValueError(f"pairs: ({layer}, {head}) is outside {n_layers} layers x {n_heads} heads")
+    t = torch.arange(train_len, seq_len)  # the queries read
+    out = []
+    for i, ((layer, head), d) in enumerate(zip(pairs, alias)):
+        hit = (scores[layer][i, :, head, train_len:].argmax(-1).cpu() == t - offset)  # [B, L - train_len]
+        before = t < (seq_len if d is None else check_int("alias", d, minimum=1))  # [L - train_len]
+        out.append([int(hit[:, before].sum()), int(before.sum()) * hit.shape[0],
+                    int(hit[:, ~before].sum()), int((~before).sum()) * hit.shape[0]])
+    return torch.tensor(out)
