@@ -65,6 +65,18 @@ def test_rate_at_least_bounds_the_interval_not_the_rate():
         check.rate_at_least("bad bound", [True], 1.5, reason="x")
 
 
+def test_rate_at_most_bounds_the_upper_end_of_the_interval():
+    check = Checks("chapters/test")
+    # 1 of 10 is below a bound of 0.2, but its interval's upper end (0.40) is not
+    assert not check.rate_at_most("one of ten", [True] + [False] * 9, 0.2, reason="rare")
+    assert check.rate_at_most("one of fifty", [True] + [False] * 49, 0.2, reason="rare")
+    assert check.results[0]["value"] == pytest.approx(wilson_interval(1, 10)[1]) and "rare" in check.results[0]["detail"]
+    with pytest.raises(TypeError):
+        check.rate_at_most("no reason", [True], 0.5, reason="")
+    with pytest.raises(ValueError):
+        check.rate_at_most("no units", [], 0.5, reason="x")
+
+
 def test_beats_null_is_a_test_at_a_stated_level():
     check = Checks("chapters/test")
     assert check.beats_null("strong", binomial_p(5, 10, 0.1), 0.01, null="another head's alias, binomial")

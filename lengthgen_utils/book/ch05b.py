@@ -401,17 +401,14 @@ def predictor_table(scores: dict) -> Table:
                  "snapshot of the map (0.5: no better than a constant; 1: always right)")
 
 
-def lawful_share(reports: dict, keys, step: int, falls=None) -> float:
-    """The share of fitted position-only heads of ``keys`` at ``step`` whose law's R² is at least 0.9.
+def lawful_flags(reports: dict, keys, step: int, falls=None) -> list[bool]:
+    """Per fitted position-only head of ``keys`` at ``step``: whether its law's R² is at least 0.9.
 
     Args:
         reports: :func:`map_reports`' result.
         keys: position-only cells ``(False, base, weight_decay)``.
         step: the snapshot.
         falls: None (every fitted head), or the classes of :data:`FALLS` to keep.
-
-    Returns:
-        a float in [0, 1]; NaN when no head qualifies.
 
     Source: chapter 5b, "The phase diagram".
     """
@@ -422,6 +419,12 @@ def lawful_share(reports: dict, keys, step: int, falls=None) -> float:
         for j, i in enumerate(fitted):
             if falls is None or rep["falls"][i] in falls:
                 hits.append(float(rep["r2"][j]) >= 0.9)
+    return hits
+
+
+def lawful_share(reports: dict, keys, step: int, falls=None) -> float:
+    """The mean of :func:`lawful_flags`: a float in [0, 1], NaN when no head qualifies."""
+    hits = lawful_flags(reports, keys, step, falls)
     return float(np.mean(hits)) if hits else float("nan")
 
 

@@ -149,6 +149,26 @@ class Checks:
         return self.at_least(name, low, bound, code=code,
                              detail=f"{rate_text(m, n)}; lower end vs {bound:.3g}: {reason}")
 
+    def rate_at_most(self, name: str, flags, bound, *, reason: str, code: bool = False) -> bool:
+        """Check a rate "at most ``bound``" by its uncertainty: the upper end of the Wilson 95% interval of the
+        share of ``flags`` that hold must be ``<= bound`` (the mirror of :meth:`rate_at_least`). The record's
+        value is that upper end; its detail keeps ``m/n``, the interval and ``reason``.
+
+        Raises:
+            TypeError / ValueError: as :meth:`rate_at_least`.
+
+        Source: :func:`~lengthgen_utils.analysis.rates.wilson_interval`.
+        """
+        m, n = self._count(name, flags)
+        if not isinstance(reason, str) or not reason:
+            raise TypeError(f"check {name!r}: give the bound's reason as a non-empty str")
+        bound = _number(name, bound)
+        if not 0.0 <= bound <= 1.0:
+            raise ValueError(f"check {name!r}: bound must be a rate in [0, 1]; got {bound}")
+        _, high = wilson_interval(m, n)
+        return self.at_most(name, high, bound, code=code,
+                            detail=f"{rate_text(m, n)}; upper end vs {bound:.3g}: {reason}")
+
     def beats_null(self, name: str, p_value, level, *, null: str, detail=None) -> bool:
         """Check a one-sided test of the trained heads against their null: ``p_value <= level``.
 
