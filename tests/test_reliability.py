@@ -15,7 +15,7 @@ from lengthgen_utils.core import attention, encodings, models, rope, tasks
 from lengthgen_utils.run import configs, evaluation, profiles, training
 from lengthgen_utils.book import figures, style
 from lengthgen_utils.analysis import theory
-from lengthgen_utils.core.attention import causal_attention, linear_attention, masked_attention
+from tests.reference import causal_attention, linear_attention, masked_attention
 from lengthgen_utils.core.models import RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import LearnedAPE, RoPE
 from lengthgen_utils.core.rope import (apply_rope, kernel_frequencies, rope_angles, rope_cos_sin,
@@ -311,10 +311,10 @@ def test_extrapolation_lengths_are_strictly_longer_than_every_training_length():
     """Case 9: the training stream never exceeds train_len; lengths called extrapolation are > train_len."""
     seen = []
 
-    class Recording(FixedOffsetRetrieval):  # the loop draws through _draw (sample checks, then calls it)
-        def _draw(self, batch_size, seq_len, generator, device):
+    class Recording(FixedOffsetRetrieval):  # the loop draws through sample
+        def sample(self, batch_size, seq_len, generator=None, device="cpu"):
             seen.append(seq_len)
-            return super()._draw(batch_size, seq_len, generator, device)
+            return super().sample(batch_size, seq_len, generator, device)
 
     exp = configs.RetrievalExperiment(steps=40, n_seeds=1)
     training.train(RetrievalHead(16, 8, 8), Recording(16, 3), steps=40, batch_size=4, train_len=exp.train_len,

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import lengthgen_utils
+from tests import reference
 from lengthgen_utils.core import attention, encodings, models, rope, tasks
 from lengthgen_utils.run import cache, configs, evaluation, profiles, runners, training
 from lengthgen_utils.analysis import implicit_bias, kernel, probes, theory
@@ -67,12 +68,12 @@ def test_causal_attention_in_float16_is_uniform_where_the_raw_product_overflows(
     one [0.25, 0.25, 0.25, 0.25]), and the fused path agrees."""
     q = torch.full((1, 4, 64), 40.0, dtype=torch.float16)
     v = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(0)).half()
-    out, weights = attention.causal_attention(q, q, v, return_weights=True)
+    out, weights = reference.causal_attention(q, q, v, return_weights=True)
     assert weights.dtype == torch.float16 and torch.isfinite(weights).all()
     expected = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]
     torch.testing.assert_close(weights[0], expected.half(), rtol=0, atol=0)  # 1/3 rounded to float16
     assert weights[0, -1].tolist() == [0.25, 0.25, 0.25, 0.25]
-    fused = attention.causal_attention(q, q, v)
+    fused = reference.causal_attention(q, q, v)
     assert torch.isfinite(fused).all() and torch.isfinite(out).all()
     mean_of_prefix = v.float().cumsum(1) / torch.arange(1, 5)[None, :, None]
     torch.testing.assert_close(fused.float(), mean_of_prefix, rtol=0, atol=TOL[torch.float16] * 4)
@@ -114,27 +115,27 @@ LOW_PRECISION_CASES = [
     ("attention.row_weights softmax", lambda: (5 * KERNEL_ROWS,), lambda s: attention.row_weights(s, "softmax")),
     ("attention.row_weights linear", lambda: (KERNEL_ROWS,), lambda s: attention.row_weights(s, "linear")),
     ("attention.additive_mask", lambda: (torch.zeros(1),),
-     lambda x: attention.additive_mask(CAUSAL, 12, 12, x.dtype)),
+     lambda x: reference.additive_mask(CAUSAL, 12, 12, x.dtype)),
     ("attention.masked_attention (bool mask)", _qkv,
-     lambda q, k, v: attention.masked_attention(q, k, v, CAUSAL, return_weights=True)),
+     lambda q, k, v: reference.masked_attention(q, k, v, CAUSAL, return_weights=True)),
     ("attention.masked_attention (additive mask, bias)", lambda: _qkv() + (BIAS,),
-     lambda q, k, v, b: attention.masked_attention(q, k, v, attention.additive_mask(CAUSAL, 12, 12, q.dtype),
+     lambda q, k, v, b: reference.masked_attention(q, k, v, reference.additive_mask(CAUSAL, 12, 12, q.dtype),
                                                    return_weights=True, bias=b)),
-    ("attention.causal_attention fused", _qkv, attention.causal_attention),
+    ("attention.causal_attention fused", _qkv, reference.causal_attention),
     ("attention.causal_attention fused (bias)", lambda: _qkv() + (BIAS,),
-     lambda q, k, v, b: attention.causal_attention(q, k, v, bias=b)),
+     lambda q, k, v, b: reference.causal_attention(q, k, v, bias=b)),
     ("attention.causal_attention weights", lambda: _qkv(d=64, scale=20.0),
-     lambda q, k, v: attention.causal_attention(q, k, v, return_weights=True)),
-    ("attention.linear_attention elu+1", _qkv, attention.linear_attention),
+     lambda q, k, v: reference.causal_attention(q, k, v, return_weights=True)),
+    ("attention.linear_attention elu+1", _qkv, reference.linear_attention),
     ("attention.linear_attention elu+1 (far negative q, k)", lambda: (-30 + _qkv()[0], -30 + _qkv()[1], _qkv()[2]),
-     attention.linear_attention),
+     reference.linear_attention),
     ("attention.linear_attention identity, unnormalised", _qkv,
-     lambda q, k, v: attention.linear_attention(q, k, v, normalize=False, feature_map="identity")),
+     lambda q, k, v: reference.linear_attention(q, k, v, normalize=False, feature_map="identity")),
     ("attention.linear_attention elu+1, unnormalised", _qkv,
-     lambda q, k, v: attention.linear_attention(q, k, v, normalize=False)),
+     lambda q, k, v: reference.linear_attention(q, k, v, normalize=False)),
     ("attention.linear_attention identity, unnormalised (beyond float16's range)",
      lambda: _qkv(seq_len=300, d=64, scale=6.0),
-     lambda q, k, v: attention.linear_attention(q, k, v, normalize=False, feature_map="identity")),
+     lambda q, k, v: reference.linear_attention(q, k, v, normalize=False, feature_map="identity")),
     ("rope.rope_kernel_coefficients", lambda: tuple(300 * t for t in _qkv()[:2]),
      rope.rope_kernel_coefficients),
     ("kernel.participation_ratio", lambda: (300 * KERNEL_ROWS.abs(),), kernel.participation_ratio),
@@ -317,15 +318,15 @@ def test_linear_attention_never_tells_the_user_to_do_what_they_are_already_doing
     caller using exactly that (far-negative queries and keys made elu(x) + 1 round to 0). Now elu + 1 is
     computed without that cancellation, and a normaliser that still underflows is reported as what it is."""
     q = torch.full((1, 3, 4), -30.0)
-    out = attention.linear_attention(q, q, torch.arange(12.0).view(1, 3, 4))  # exp(-30) > 0 in float32
+    out = reference.linear_attention(q, q, torch.arange(12.0).view(1, 3, 4))  # exp(-30) > 0 in float32
     torch.testing.assert_close(out, torch.arange(12.0).view(1, 3, 4).cumsum(1) / torch.arange(1, 4)[None, :, None])
     with pytest.raises(ValueError) as info:
-        attention.linear_attention(q - 40, q - 40, torch.ones(1, 3, 4))  # exp(-70)^2 underflows float32
+        reference.linear_attention(q - 40, q - 40, torch.ones(1, 3, 4))  # exp(-70)^2 underflows float32
     message = str(info.value)
     assert "underflow" in message and "float32" in message
     assert "use feature_map='elu+1'" not in message and "(e.g. 'elu+1')" not in message  # what the caller does
     with pytest.raises(ValueError, match="elu\\+1"):  # the identity map is not positive: elu+1 is the advice
-        attention.linear_attention(q, -q, torch.ones(1, 3, 4), feature_map="identity")
+        reference.linear_attention(q, -q, torch.ones(1, 3, 4), feature_map="identity")
 
 
 # ================================================================ 2. configuration values of the wrong container type

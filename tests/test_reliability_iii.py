@@ -30,6 +30,7 @@ import pytest
 import torch
 from jupyter_client.session import json_packer
 
+from tests import reference
 from lengthgen_utils.tools import cli as cli
 from lengthgen_utils import _validate
 from lengthgen_utils.core import attention, models, rope
@@ -301,10 +302,10 @@ def _qkv(seq_len, seed=0):
 
 
 ATTENTION_PATHS = {
-    "causal (fused)": lambda q, k, v, bias: attention.causal_attention(q, k, v, bias=bias),
-    "causal (explicit)": lambda q, k, v, bias: attention.causal_attention(q, k, v, bias=bias, return_weights=True)[0],
-    "masked": lambda q, k, v, bias: attention.masked_attention(q, k, v, attention.causal_mask(q.shape[-2]), bias=bias),
-    "masked (weights)": lambda q, k, v, bias: attention.masked_attention(
+    "causal (fused)": lambda q, k, v, bias: reference.causal_attention(q, k, v, bias=bias),
+    "causal (explicit)": lambda q, k, v, bias: reference.causal_attention(q, k, v, bias=bias, return_weights=True)[0],
+    "masked": lambda q, k, v, bias: reference.masked_attention(q, k, v, attention.causal_mask(q.shape[-2]), bias=bias),
+    "masked (weights)": lambda q, k, v, bias: reference.masked_attention(
         q, k, v, attention.causal_mask(q.shape[-2]), return_weights=True, bias=bias)[0],
 }
 

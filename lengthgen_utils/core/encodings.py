@@ -322,11 +322,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
     Source: Press et al. 2022, *Train Short, Test Long* (ALiBi), section 3 and its reference implementation.
     """
-    return _alibi_slopes(check_int("n_heads", n_heads, minimum=1))
-
-
-def _alibi_slopes(n_heads: int) -> Tensor:
-    """:func:`alibi_slopes` of a checked head count (a model's, checked by :meth:`ALiBi.check` when it was built)."""
+    n_heads = check_int("n_heads", n_heads, minimum=1)
     closest = 2 ** int(math.floor(math.log2(n_heads)))
     slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
     slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(n_heads - closest)]
@@ -359,7 +355,7 @@ class ALiBi(Encoding):
 
     def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor:
         relative = (k_positions[None, :] - q_positions[:, None]).to(torch.float64)  # D = j - i: [Lq, Lk]
-        return (_alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
+        return (alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
 
 
 WELL_CONDITIONED_FREQUENCIES = (2.98, 2.79, 2.39, 1.98, 1.45, 1.01, 0.56, 0.28)

@@ -161,12 +161,7 @@ class Task:
         check_int("batch_size", batch_size, minimum=1)
         seq_len = self.check_seq_len(seq_len)
         check_generator(generator)
-        return self._draw(batch_size, seq_len, generator, check_device(device))
-
-    def _draw(self, batch_size: int, seq_len: int, generator, device) -> tuple[Tensor, Tensor]:
-        """:meth:`sample` of checked arguments: what the training and evaluation loops call once per batch,
-        after checking every length they will draw at (and the batch size) once, before the loop."""
-        tokens = self._sample_tokens(batch_size, seq_len, generator).to(device)
+        tokens = self._sample_tokens(batch_size, seq_len, generator).to(check_device(device))  # [B, L]
         return tokens, self._targets_at(tokens)
 
 
