@@ -582,12 +582,6 @@ def t5_relative_buckets(relative_positions: Tensor, num_buckets: int = 32, max_d
     _check_positions(relative_positions)
     num_buckets = check_int("num_buckets", num_buckets, minimum=2)
     max_distance = check_int("max_distance", max_distance, minimum=num_buckets // 2 + 1)
-    return _t5_buckets(relative_positions, num_buckets, max_distance)
-
-
-def _t5_buckets(relative_positions: Tensor, num_buckets: int, max_distance: int) -> Tensor:
-    """:func:`t5_relative_buckets` of checked arguments (a :class:`T5Bias`'s sizes, checked when it was built,
-    and the integer positions of a model's forward pass)."""
     max_exact = num_buckets // 2
     d = (-relative_positions.long()).clamp(min=0)  # distance back; keys after the query: 0 (masked anyway)
     log_ratio = torch.log(d.clamp(min=1).to(torch.float64) / max_exact) / math.log(max_distance / max_exact)
@@ -646,8 +640,8 @@ class T5Bias(Encoding):
         table = params["t5_bias"]  # [M, H, n_buckets]
         if table.shape[1] != n_heads:
             raise ValueError(f"the T5 bias table has {table.shape[1]} heads; the model asks for n_heads={n_heads}")
-        buckets = _t5_buckets(k_positions[None, :] - q_positions[:, None], self.num_buckets,
-                              self.max_distance)  # [Lq, Lk]
+        buckets = t5_relative_buckets(k_positions[None, :] - q_positions[:, None], self.num_buckets,
+                                      self.max_distance)  # [Lq, Lk]
         return table[:, :, buckets.to(table.device)]  # [M, H, Lq, Lk]
 
 
