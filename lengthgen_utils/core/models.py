@@ -1001,10 +1001,12 @@ class Transformer(EnsembleModel):
             return None
         bias = bias.to(device=self.device, dtype=self.embed.dtype)
         seq_len = positions.shape[0]
-        try:  # a learned bias that went NaN is refused
-            _check_bias(bias, (bias.shape[0], self.n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
-        except ValueError as err:
-            raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
+        fits = bias.dim() == 4 and bias.shape[1] in (1, self.n_heads) and bias.shape[-2:] == (seq_len, seq_len)
+        if not (fits and bool(torch.isfinite(bias).all())):  # one reduction when all is well; else say what is wrong
+            try:  # e.g. a learned bias that went NaN
+                _check_bias(bias, (bias.shape[0], self.n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
+            except ValueError as err:
+                raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
         return bias
 
 
