@@ -258,6 +258,30 @@ def normalize_numbers(config) -> None:
             object.__setattr__(config, f.name, plain)
 
 
+class Normalized:
+    """Base of every frozen dataclass built from user values (experiments, settings, encodings, tasks, model
+    configurations).
+
+    Its ``__post_init__`` stores every field through :func:`plain_number` (:func:`normalize_numbers`) and
+    runs before a subclass's own ``__post_init__``, so that one's checks see Python numbers and the
+    configuration stores them (a numpy ``int64`` would pass ``check_int`` and then fail the JSON of the
+    cache key).
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and not getattr(own, "_normalizes", False):
+            def __post_init__(self, _own=own):
+                normalize_numbers(self)  # numpy scalars become Python numbers before any check
+                _own(self)
+            __post_init__._normalizes = True
+            cls.__post_init__ = __post_init__
+
+    def __post_init__(self):
+        normalize_numbers(self)
+
+
 # ---------------------------------------------------------------- environment variables
 def env_value(variable: str) -> str | None:
     """The value of environment variable ``variable``, surrounding spaces stripped; None when it is unset or empty.

@@ -45,7 +45,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from .._validate import check_int, check_positive_float, check_rope_base, normalize_numbers
+from .._validate import Normalized, check_int, check_positive_float, check_rope_base
 from .rope import (ANGLE_DTYPES, COMPLEX_DTYPES, _check_positions, _is_range, _rope_phases, angles_in_dtype,
                    _rope_cos_sin, rope_inverse_frequencies, rotate_adjacent_pairs, rotate_pairs)
 
@@ -92,7 +92,7 @@ def get_encoding(spec, name: str = "pe") -> "Encoding":
 
 
 @dataclass(frozen=True)
-class Encoding:
+class Encoding(Normalized):
     """What a position encoding does, at the only places it can act (see the module docstring).
 
     The defaults do nothing, which is NoPE: a subclass overrides the places where it acts.
@@ -216,7 +216,6 @@ class LearnedAPE(Encoding):
     color: ClassVar[str] = "#d62728"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -264,7 +263,6 @@ class RoPE(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
         if not isinstance(self.interleaved, bool):
             raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
@@ -464,7 +462,6 @@ class NoPEBOS(Encoding):
     color: ClassVar[str] = "#bcbd22"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -537,7 +534,6 @@ class SinusoidalAPE(Encoding):
     color: ClassVar[str] = "#ff7f0e"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
 
     @property
@@ -618,7 +614,6 @@ class T5Bias(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("num_buckets", self.num_buckets, minimum=2)
         check_int("max_distance", self.max_distance, minimum=self.num_buckets // 2 + 1)
         check_positive_float("init_std", self.init_std, allow_zero=True)
@@ -685,7 +680,6 @@ class RandomizedPositions(Encoding):
     name: ClassVar[str] = "randomized"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", get_encoding(self.base, "base"))
         if isinstance(self.base, RandomizedPositions):
             raise TypeError("base must not itself be RandomizedPositions (draw positions once)")

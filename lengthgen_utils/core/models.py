@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
-                         per_model_ints, per_model_rows)
+from .._validate import (Normalized, check_int, check_int_sequence, check_positive_float, check_rope_base, per_model_ints,
+                         per_model_rows)
 from .seeding import generator
 from .attention import ROW_WEIGHTS, _check_bias, attention_scores, causal_mask, check_attention, check_attention_fits
 from .attention import ELU_LINEAR, elu_linear_weights
@@ -167,7 +167,7 @@ class EnsembleModel(Ensemble):
 
 # ---------------------------------------------------------------- the single retrieval head (chapters 1-6)
 @dataclass(frozen=True)
-class RetrievalHeadConfig:
+class RetrievalHeadConfig(Normalized):
     """Hyper-parameters of :class:`RetrievalHead` (hashable).
 
     Attributes:
@@ -189,7 +189,6 @@ class RetrievalHeadConfig:
     init_scale: float = 1.0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_model", self.d_model, minimum=1)
         check_int("d_head", self.d_head, minimum=1)
@@ -603,7 +602,7 @@ def rotation_transition(theta: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class LinearRNNConfig:
+class LinearRNNConfig(Normalized):
     """Hyper-parameters of :class:`LinearRNN` (hashable).
 
     Attributes:
@@ -624,7 +623,6 @@ class LinearRNNConfig:
     transition: str = "free"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_state", self.d_state, minimum=1)
         check_positive_float("init_scale", self.init_scale, allow_zero=True)
@@ -795,7 +793,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(Normalized):
     """Hyper-parameters of :class:`Transformer` (hashable).
 
     Attributes:
@@ -815,7 +813,6 @@ class TransformerConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("n_layers", self.n_layers, minimum=1)
         check_int("n_heads", self.n_heads, minimum=1)

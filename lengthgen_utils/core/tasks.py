@@ -33,12 +33,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from .._validate import check_device, check_generator, check_int, normalize_numbers, per_model
+from .._validate import Normalized, check_device, check_generator, check_int, per_model
 
 IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
 
 
-class Task:
+class Task(Normalized):
     """The protocol every task follows (see the module docstring).
 
     Subclasses are frozen dataclasses (hashable, so a task can sit in an experiment's
@@ -52,7 +52,6 @@ class Task:
     n_special_tokens: ClassVar[int] = 0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
 
     @property
