@@ -1,32 +1,9 @@
 """lengthgen_utils: the shared package of the lengthgen book.
 
-Data flows one way, through five sub-packages; a module imports only the sub-packages above it (and its
-own), with one exception, ``analysis.probes`` using ``run.training``'s ensemble loss and thread count::
-
-    core  ->  analysis  ->  run  ->  book  ->  tools            (then the chapters)
-
-* :mod:`.core`: the model code.
-  ``tasks`` (the tasks behind one protocol, :class:`~lengthgen_utils.core.tasks.Task`), ``seeding`` (the seed
-  base), ``rope`` (RoPE's numerics, written once), ``encodings`` (position encodings as objects behind one
-  interface, and a registry), ``attention`` (masks, scores, normalisers), ``models`` (the retrieval head, the
-  kernel head, a linear RNN and ``Transformer``, the nanoGPT-shaped transformer to read) and ``fast``
-  (``FastTransformer``, the same model in a batched layout, tested equal to it: the one the book trains);
-* :mod:`.analysis`: what is read off trained models. ``kernel`` (a RoPE head's offset kernel, spectrum
-  first), ``probes`` (equivariance, pinning, head profiles), ``theory`` (closed forms: dilution, frequency
-  orbits, the min-norm interpolant);
-* :mod:`.run`: the experiment machinery. ``configs`` and ``profiles`` (experiments as frozen dataclasses, how
-  much a build computes), ``training`` and ``evaluation`` (one step loop; accuracy by length and position),
-  ``cache`` (``load_or_run``), ``results`` (``Runs``, the one result type), ``runners`` (run an experiment
-  through the cache) and ``zoo`` (every encoding through the same tasks, chapter 9);
-* :mod:`.book`: what the pages show, the only part that imports plotly or ipywidgets. ``render``, ``style``,
-  ``sliders``, ``tables`` and ``figures`` (the shared builders), one ``chNN`` module per chapter with its own
-  figures, ``checks`` and ``scoreboard`` (a chapter's checks and the claims they record), ``widgets`` (live
-  explorers in a kernel) and ``live`` (panels the web page retrains, ``_static/lengthgen_live.js``);
-* :mod:`.tools`: beside the book. ``cli`` (``python -m lengthgen_utils``), ``bench``, ``buildtime`` and
-  ``robustness``.
-
-The book's appendix "How the package is built" (``architecture.md``) draws the same map, one line per
-module, and gives the recipes for adding a position encoding and a task.
+Five sub-packages, through which data flows one way: ``core`` (the model code), ``analysis`` (what is read
+off trained models), ``run`` (the experiment machinery), ``book`` (what the pages show) and ``tools`` (beside
+the book). The book's appendix "How the package is built" (``architecture.md``) draws the package, one line
+per module, and gives the recipes for adding a position encoding, a task and an optimiser.
 """
 import os as _os
 

@@ -203,25 +203,6 @@ def per_model_ints(name: str, value, n_models: int, minimum: int | None = None,
                      single=lambda v: not hasattr(v, "__iter__") or isinstance(v, (str, bytes)))
 
 
-def per_model_floats(name: str, value, n_models: int, positive: bool = False) -> tuple[float, ...]:
-    """One finite real number per model (margins, target masses): :func:`per_model` for numbers.
-
-    Raises:
-        TypeError: a value that is not a real number.
-        ValueError: a sequence of the wrong length; a NaN or infinite value, or one <= 0 with ``positive``.
-    """
-    def check(label, v):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"{label} must be a real number; got {type(v).__name__} {v!r}")
-        v = float(v)
-        if not math.isfinite(v) or (positive and v <= 0):
-            raise ValueError(f"{label} must be a finite number{' > 0' if positive else ''}; got {label}={v}")
-        return v
-
-    return per_model(name, value, n_models, check, "number",
-                     single=lambda v: not hasattr(v, "__iter__") or isinstance(v, (str, bytes)))
-
-
 def per_model_rows(name: str, array, n_models: int):
     """Return ``array`` if its leading dimension holds one row per model (``n_models`` rows), else raise.
 
@@ -237,30 +218,6 @@ def per_model_rows(name: str, array, n_models: int):
                          + ("no rows" if rows is None else f"{rows}")
                          + (f" (shape {tuple(array.shape)})" if hasattr(array, "shape") else ""))
     return array
-
-
-def n_per_model(kind: str = "value", **values) -> int:
-    """The ensemble size M that per-model arguments imply when no model fixes it (each is one value or M).
-
-    M is the length shared by the arguments given as sequences (1 if none is). When they disagree, the
-    length most of them share wins and :func:`per_model` then names the odd ones out; when no length has
-    a majority (e.g. two arguments of 2 and 3 values), the error names them all.
-
-    Raises:
-        ValueError: sequences of different lengths and no majority.
-    """
-    counts = {name: c for name, c in ((name, _count(v)) for name, v in values.items()) if c is not None}
-    if not counts:
-        return 1
-    tally = {}
-    for c in counts.values():
-        tally[c] = tally.get(c, 0) + 1
-    ranked = sorted(tally.items(), key=lambda item: -item[1])
-    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
-        names = [n for n in values if n in counts]
-        raise ValueError(f"{' and '.join(names)} must each be one {kind} or M {kind}s, one per model, with the same M; "
-                         "got " + ", ".join(f"{n}: {counts[n]}" for n in names))
-    return ranked[0][0]
 
 
 def normalize_sequence(config, name: str, minimum: int | None = None) -> tuple[int, ...]:
@@ -299,6 +256,30 @@ def normalize_numbers(config) -> None:
         plain = plain_number(value)
         if plain is not value:
             object.__setattr__(config, f.name, plain)
+
+
+class Normalized:
+    """Base of every frozen dataclass built from user values (experiments, settings, encodings, tasks, model
+    configurations).
+
+    Its ``__post_init__`` stores every field through :func:`plain_number` (:func:`normalize_numbers`) and
+    runs before a subclass's own ``__post_init__``, so that one's checks see Python numbers and the
+    configuration stores them (a numpy ``int64`` would pass ``check_int`` and then fail the JSON of the
+    cache key).
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and not getattr(own, "_normalizes", False):
+            def __post_init__(self, _own=own):
+                normalize_numbers(self)  # numpy scalars become Python numbers before any check
+                _own(self)
+            __post_init__._normalizes = True
+            cls.__post_init__ = __post_init__
+
+    def __post_init__(self):
+        normalize_numbers(self)
 
 
 # ---------------------------------------------------------------- environment variables

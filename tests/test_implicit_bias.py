@@ -121,7 +121,7 @@ def test_full_batch_loss_is_the_mean_over_lengths_of_each_lengths_loss():
     gen = generator(5)
     losses = []
     for seq_len in range(5, 17):
-        tokens, _ = task._draw(4, seq_len, gen, "cpu")
+        tokens, _ = task.sample(4, seq_len, gen, "cpu")
         logits, _ = model(tokens)
         losses.append(ensemble_cross_entropy(logits, task.targets(tokens)[None, :, -1]))
     assert math.isclose(history[0, 0].item(), torch.stack(losses).mean().item(), rel_tol=1e-5)

@@ -107,9 +107,9 @@ class _ReadsBack(nn.Module):
         return self.dummy.device
 
     def check_positions(self, positions):
-        """Any length (what an evaluation function asks before running with ``validate=False``)."""
+        """Any length (what an evaluation function asks before running the model)."""
 
-    def forward(self, tokens, validate=True):
+    def forward(self, tokens):
         shifted = torch.roll(tokens, self.lag, dims=-1)
         return F.one_hot(shifted, self.n_tokens).float()[None].expand(2, -1, -1, -1)
 
@@ -173,13 +173,13 @@ def test_training_over_several_lengths_draws_only_lengths_the_task_accepts(monke
     with pytest.raises(ValueError, match="no length"):
         Copy(16).valid_lengths(18, 18)
     seen = []
-    draw = Copy._draw  # the training loop draws its batches here (lengths checked before the loop)
+    draw = Copy.sample  # the training loop draws its batches here
 
     def record(self, batch_size, seq_len, *args, **kwargs):
         seen.append(seq_len)
         return draw(self, batch_size, seq_len, *args, **kwargs)
 
-    monkeypatch.setattr(Copy, "_draw", record)
+    monkeypatch.setattr(Copy, "sample", record)
     model = Transformer(17, 1, 2, 16, max_len=33)
     training.train_sequence(model, Copy(16), steps=30, batch_size=4, train_len=33, min_train_len=17, device="cpu")
     assert set(seen) <= set(range(17, 34, 2)) and len(set(seen)) >= 4, seen

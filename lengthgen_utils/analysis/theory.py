@@ -226,13 +226,9 @@ def frequency_orbits(theta, max_denominator: int = 12, atol: float = 1e-6) -> li
     Source: chapter 4, "Aliases come from the frequency set"; Kronecker's theorem (e.g. Hardy & Wright,
     ch. 23) applies to the generators, not to the raw frequencies.
     """
-    theta = _check_theta(theta)
+    theta = _check_theta(theta)  # float64 [P]
     max_denominator = check_int("max_denominator", max_denominator, minimum=1)
-    return _frequency_orbits(theta, max_denominator, check_positive_float("atol", atol))
-
-
-def _frequency_orbits(theta: Tensor, max_denominator: int = 12, atol: float = 1e-6) -> list[tuple[float, tuple]]:
-    """:func:`frequency_orbits` of checked frequencies (float64 ``[P]``, finite and positive) and settings."""
+    atol = check_positive_float("atol", atol)
     groups: list[list] = []  # [omega, {index: multiplier}]
     for i in theta.argsort().tolist():
         for group in groups:
@@ -261,28 +257,24 @@ def _spectrum(r, phi, theta) -> tuple[Tensor, Tensor, Tensor]:
     return r, phi, theta
 
 
-def orbit_log_stats(r, phi, theta, orbits=None, grid: int | None = None) -> tuple[Tensor, Tensor]:
-    """``log`` of the orbit average and of the orbit maximum of ``exp(s)``: two float64 ``[M]``, from one
-    quadrature (see :func:`orbit_log_mean_exp` and :func:`orbit_peakiness`, which return one each)."""
-    r, phi, theta = _spectrum(r, phi, theta)
-    orbits = _orbits(orbits, theta)
-    return _orbit_log_stats(r, phi, orbits, None if grid is None else check_int("grid", grid, minimum=8))
-
-
 def _orbits(orbits, theta: Tensor) -> list:
     """The orbit groups of checked frequencies: :func:`frequency_orbits` by default, else ``orbits`` if they
     hold every pair index exactly once."""
     if orbits is None:
-        return _frequency_orbits(theta)
+        return frequency_orbits(theta)
     covered = sorted(i for _, members in orbits for i, _ in members)
     if covered != list(range(theta.numel())):
         raise ValueError(f"orbits must hold every pair index 0..{theta.numel() - 1} exactly once; got {covered}")
     return orbits
 
 
-def _orbit_log_stats(r: Tensor, phi: Tensor, orbits: list, grid: int | None) -> tuple[Tensor, Tensor]:
-    """:func:`orbit_log_stats` of a checked spectrum (``_spectrum``), checked orbits (``_orbits``) and a
-    checked ``grid`` (None: enough points for the largest multiplier and amplitude, at least 256)."""
+def orbit_log_stats(r, phi, theta, orbits=None, grid: int | None = None) -> tuple[Tensor, Tensor]:
+    """``log`` of the orbit average and of the orbit maximum of ``exp(s)``: two float64 ``[M]``, from one
+    quadrature (see :func:`orbit_log_mean_exp` and :func:`orbit_peakiness`, which return one each)."""
+    r, phi, theta = _spectrum(r, phi, theta)  # [M, P], [M, P], [P]
+    orbits = _orbits(orbits, theta)
+    grid = None if grid is None else check_int("grid", grid, minimum=8)  # None: enough points for the largest
+    # multiplier and amplitude, at least 256
     log_mean = torch.zeros(r.shape[0], dtype=torch.float64)
     log_max = torch.zeros(r.shape[0], dtype=torch.float64)
     for _, members in orbits:
@@ -386,7 +378,7 @@ def long_run_slope(r, phi, theta, offset, orbits=None) -> Tensor:
     r, phi, theta = _spectrum(r, phi, theta)
     ks = torch.tensor(per_model_ints("offset", offset, r.shape[0], minimum=1), dtype=torch.float64)
     target = (r * torch.cos(-theta[None, :] * ks[:, None] - phi)).sum(1)
-    return torch.exp(_orbit_log_stats(r, phi, _orbits(orbits, theta), None)[0] - target)
+    return torch.exp(orbit_log_stats(r, phi, theta, orbits)[0] - target)
 
 
 def pair_recurrences(theta, pairs, max_distance: int, tolerance: float = math.pi / 3) -> Tensor:

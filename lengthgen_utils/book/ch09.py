@@ -154,14 +154,6 @@ def offset_readers(run: Runs, seq_len: int, min_accuracy: float = 0.9) -> Tensor
 
 
 @_package_threads
-def attention_shift_change(run: Runs, shifts, reference: int = 0) -> Tensor:
-    """The largest total-variation change of a trained single head's attention row at the training length
-    under the given global shifts, against the row at shift ``reference``: ``[n_seeds]``
-    (:func:`~lengthgen_utils.analysis.probes.shift_attention_change`)."""
-    return shift_attention_change(run.model, run.config.train_len, shifts, reference=reference).amax(-1)
-
-
-@_package_threads
 def control_shift_change(run: Runs, inside=(17, 24, 32, 40, 48),
                          outside=(64, 112, 176, 240)) -> tuple[Tensor, Tensor]:
     """How much a global shift changes a trained single head's attention at the training length: shifts that

@@ -45,7 +45,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from .._validate import check_int, check_positive_float, check_rope_base, normalize_numbers
+from .._validate import Normalized, check_int, check_positive_float, check_rope_base
 from .rope import (ANGLE_DTYPES, COMPLEX_DTYPES, _check_positions, _is_range, _rope_phases, angles_in_dtype,
                    _rope_cos_sin, rope_inverse_frequencies, rotate_adjacent_pairs, rotate_pairs)
 
@@ -92,7 +92,7 @@ def get_encoding(spec, name: str = "pe") -> "Encoding":
 
 
 @dataclass(frozen=True)
-class Encoding:
+class Encoding(Normalized):
     """What a position encoding does, at the only places it can act (see the module docstring).
 
     The defaults do nothing, which is NoPE: a subclass overrides the places where it acts.
@@ -216,7 +216,6 @@ class LearnedAPE(Encoding):
     color: ClassVar[str] = "#d62728"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -264,7 +263,6 @@ class RoPE(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
         if not isinstance(self.interleaved, bool):
             raise TypeError(f"interleaved must be a bool; got {type(self.interleaved).__name__} {self.interleaved!r}")
@@ -322,11 +320,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
     Source: Press et al. 2022, *Train Short, Test Long* (ALiBi), section 3 and its reference implementation.
     """
-    return _alibi_slopes(check_int("n_heads", n_heads, minimum=1))
-
-
-def _alibi_slopes(n_heads: int) -> Tensor:
-    """:func:`alibi_slopes` of a checked head count (a model's, checked by :meth:`ALiBi.check` when it was built)."""
+    n_heads = check_int("n_heads", n_heads, minimum=1)
     closest = 2 ** int(math.floor(math.log2(n_heads)))
     slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
     slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(n_heads - closest)]
@@ -359,7 +353,7 @@ class ALiBi(Encoding):
 
     def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor:
         relative = (k_positions[None, :] - q_positions[:, None]).to(torch.float64)  # D = j - i: [Lq, Lk]
-        return (_alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
+        return (alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
 
 
 WELL_CONDITIONED_FREQUENCIES = (2.98, 2.79, 2.39, 1.98, 1.45, 1.01, 0.56, 0.28)
@@ -468,7 +462,6 @@ class NoPEBOS(Encoding):
     color: ClassVar[str] = "#bcbd22"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_positive_float("init_std", self.init_std, allow_zero=True)
 
     @property
@@ -541,7 +534,6 @@ class SinusoidalAPE(Encoding):
     color: ClassVar[str] = "#ff7f0e"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", check_rope_base("base", self.base))
 
     @property
@@ -586,12 +578,6 @@ def t5_relative_buckets(relative_positions: Tensor, num_buckets: int = 32, max_d
     _check_positions(relative_positions)
     num_buckets = check_int("num_buckets", num_buckets, minimum=2)
     max_distance = check_int("max_distance", max_distance, minimum=num_buckets // 2 + 1)
-    return _t5_buckets(relative_positions, num_buckets, max_distance)
-
-
-def _t5_buckets(relative_positions: Tensor, num_buckets: int, max_distance: int) -> Tensor:
-    """:func:`t5_relative_buckets` of checked arguments (a :class:`T5Bias`'s sizes, checked when it was built,
-    and the integer positions of a model's forward pass)."""
     max_exact = num_buckets // 2
     d = (-relative_positions.long()).clamp(min=0)  # distance back; keys after the query: 0 (masked anyway)
     log_ratio = torch.log(d.clamp(min=1).to(torch.float64) / max_exact) / math.log(max_distance / max_exact)
@@ -628,7 +614,6 @@ class T5Bias(Encoding):
     relative: ClassVar[bool] = True
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("num_buckets", self.num_buckets, minimum=2)
         check_int("max_distance", self.max_distance, minimum=self.num_buckets // 2 + 1)
         check_positive_float("init_std", self.init_std, allow_zero=True)
@@ -650,8 +635,8 @@ class T5Bias(Encoding):
         table = params["t5_bias"]  # [M, H, n_buckets]
         if table.shape[1] != n_heads:
             raise ValueError(f"the T5 bias table has {table.shape[1]} heads; the model asks for n_heads={n_heads}")
-        buckets = _t5_buckets(k_positions[None, :] - q_positions[:, None], self.num_buckets,
-                              self.max_distance)  # [Lq, Lk]
+        buckets = t5_relative_buckets(k_positions[None, :] - q_positions[:, None], self.num_buckets,
+                                      self.max_distance)  # [Lq, Lk]
         return table[:, :, buckets.to(table.device)]  # [M, H, Lq, Lk]
 
 
@@ -695,7 +680,6 @@ class RandomizedPositions(Encoding):
     name: ClassVar[str] = "randomized"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "base", get_encoding(self.base, "base"))
         if isinstance(self.base, RandomizedPositions):
             raise TypeError("base must not itself be RandomizedPositions (draw positions once)")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import _causal_attention, _causal_mask, attention_scores, check_attention_fits
+from .attention import attention_scores, causal_attention, causal_mask, check_attention_fits
 from .models import Transformer, _check_tokens, _model_positions
 
 
@@ -131,8 +131,7 @@ class FastTransformer(Transformer):
         q, k = qk.split(n_heads, dim=1)
         return q, k, v.transpose(1, 2)
 
-    def _run(self, tokens: Tensor, position_shift: int, collect: str | None, validate: bool = True,
-             positions: Tensor | None = None):
+    def _run(self, tokens: Tensor, position_shift: int, collect: str | None, positions: Tensor | None = None):
         """Run every block; ``collect`` in {None, "weights", "scores"} picks what to return per layer.
 
         ``positions [L]`` replaces ``shift .. shift + L - 1`` (e.g. the randomised positions of training).
@@ -143,10 +142,10 @@ class FastTransformer(Transformer):
         (:func:`~lengthgen_utils.core.attention.causal_attention`: batched matmuls for short sequences,
         torch's fused kernel, which takes this 4-D layout, beyond).
         """
-        _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
+        _check_tokens(tokens, self.config.vocab_size, self.n_models, batched_models=False)
         b, seq_len = tokens.shape
         m, d_model, n_heads = self.n_models, self.config.d_model, self.n_heads
-        positions = _model_positions(self, seq_len, position_shift, positions, validate)
+        positions = _model_positions(self, seq_len, position_shift, positions)  # [L] on the CPU
         if collect is not None:  # weights or scores [M, B, H, L, L] per layer (else SDPA needs no [L, L] map)
             check_attention_fits(seq_len, m * b * n_heads, self.embed.dtype, self.device,
                                  copies=self.config.n_layers + 2)
@@ -157,7 +156,7 @@ class FastTransformer(Transformer):
         added = self.encoding.embed(self.pe_params, positions)
         if added is not None:
             x = (x.view(m, b, seq_len, d_model) + added[:, None]).view(m, b * seq_len, d_model)
-        bias = self._score_bias(positions, validate)  # checked once per validated pass (not in training)
+        bias = self._score_bias(positions)  # [M or 1, H, L, L] or None
         if bias is not None and bias.shape[0] > 1:  # [M, H, L, L] -> [M*B, H, L, L]
             bias = bias[:, None].expand(m, b, *bias.shape[1:]).reshape(m * b, *bias.shape[1:])
         collected = []
@@ -166,12 +165,12 @@ class FastTransformer(Transformer):
             q, k, v = self._attention_inputs(block, x, positions, b, token_rows)
             token_rows = None
             if collect is None:
-                out = _causal_attention(q, k, v, bias=bias)
+                out = causal_attention(q, k, v, bias=bias)
             else:
-                out, weights = _causal_attention(q, k, v, return_weights=True, bias=bias)
+                out, weights = causal_attention(q, k, v, return_weights=True, bias=bias)
                 if collect == "scores":
                     scores = attention_scores(q, k) + (bias if bias is not None else 0)
-                    weights = scores.masked_fill(~_causal_mask(seq_len, self.device), float("-inf"))
+                    weights = scores.masked_fill(~causal_mask(seq_len, self.device), float("-inf"))
                 collected.append(weights.view(m, b, n_heads, seq_len, seq_len))
             out = out.transpose(1, 2).reshape(m, b * seq_len, d_model)  # heads side by side
             x = _baddbmm(x, out, block.w_out.transpose(1, 2))  # x + W_O o
@@ -181,7 +180,7 @@ class FastTransformer(Transformer):
         return logits.view(m, b, seq_len, -1), collected
 
     def forward(self, tokens: Tensor, position_shift: int = 0, return_attention: bool = False,
-                validate: bool = True, positions: Tensor | None = None):
+                positions: Tensor | None = None):
         """Logits ``[M, B, L, V]`` (and per-layer attention weights with ``return_attention``).
 
         ``positions [L]`` (integers) replaces the positions ``shift .. shift + L - 1``, as in
@@ -191,8 +190,7 @@ class FastTransformer(Transformer):
         Raises:
             TypeError / ValueError: as :meth:`~lengthgen_utils.core.models.Transformer.forward`.
         """
-        logits, weights = self._run(tokens, position_shift, "weights" if return_attention else None, validate,
-                                    positions)
+        logits, weights = self._run(tokens, position_shift, "weights" if return_attention else None, positions)
         return (logits, weights) if return_attention else logits
 
     @torch.no_grad()

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._validate import (check_int, check_int_sequence, check_positive_float, check_rope_base, normalize_numbers,
-                         per_model_ints, per_model_rows)
+from .._validate import (Normalized, check_int, check_int_sequence, check_positive_float, check_rope_base, per_model_ints,
+                         per_model_rows)
 from .seeding import generator
-from .attention import ROW_WEIGHTS, _causal_mask, _check_bias, attention_scores, check_attention, check_attention_fits
+from .attention import ROW_WEIGHTS, _check_bias, attention_scores, causal_mask, check_attention, check_attention_fits
 from .attention import ELU_LINEAR, elu_linear_weights
 from .encodings import Encoding, RoPE, get_encoding
 from .rope import _kernel_features, check_relative_positions, kernel_frequencies
@@ -48,12 +48,8 @@ def _normal(gens, *shape, std: float, transpose: bool = False) -> nn.Parameter:
     return nn.Parameter(w.transpose(-1, -2).contiguous() if transpose else w)
 
 
-def _check_tokens(tokens, n_tokens: int, n_models: int, validate: bool, batched_models: bool = True) -> None:
-    """Raise unless ``tokens`` is a LongTensor ``[B, L]`` (or ``[M, B, L]``) with ids in ``[0, n_tokens)``.
-
-    ``validate=False`` skips the range check (it reads the tokens back to the host, a synchronisation on a
-    GPU); the training loops use it for tokens their task sampled. Shapes are always checked.
-    """
+def _check_tokens(tokens, n_tokens: int, n_models: int, batched_models: bool = True) -> None:
+    """Raise unless ``tokens`` is a LongTensor ``[B, L]`` (or ``[M, B, L]``) with ids in ``[0, n_tokens)``."""
     if not isinstance(tokens, Tensor) or tokens.dtype != torch.long:
         raise TypeError(f"tokens must be a LongTensor [B, L]; got {getattr(tokens, 'dtype', type(tokens).__name__)}")
     dims = (2, 3) if batched_models else (2,)
@@ -62,7 +58,7 @@ def _check_tokens(tokens, n_tokens: int, n_models: int, validate: bool, batched_
     if tokens.dim() not in dims or tokens.shape[-1] < 1 or tokens.shape[-2] < 1:
         shape = "[B, L] or [M, B, L]" if batched_models else "[B, L]"
         raise ValueError(f"tokens must have shape {shape} (M = {n_models}, B >= 1, L >= 1); got {tuple(tokens.shape)}")
-    if validate and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= n_tokens):
         raise ValueError(f"tokens must lie in [0, {n_tokens - 1}]; got values in [{int(tokens.min())}, {int(tokens.max())}]")
 
 
@@ -79,11 +75,9 @@ def _positions(seq_len: int, position_shift: int = 0, positions: Tensor | None =
     return positions.cpu().long()
 
 
-def _model_positions(model, seq_len: int, position_shift: int, positions: Tensor | None, validate: bool) -> Tensor:
-    """The positions ``[L]`` a transformer's forward pass runs at: checked by :func:`_positions` and the model's
-    encoding with ``validate``, else taken as the caller (a training loop) drew them."""
-    if not validate:
-        return torch.arange(seq_len) + position_shift if positions is None else positions
+def _model_positions(model, seq_len: int, position_shift: int, positions: Tensor | None) -> Tensor:
+    """The positions ``[L]`` a transformer's forward pass runs at, checked by :func:`_positions` and the model's
+    encoding."""
     positions = _positions(seq_len, position_shift, positions)
     model.check_positions(positions)
     return positions
@@ -173,7 +167,7 @@ class EnsembleModel(Ensemble):
 
 # ---------------------------------------------------------------- the single retrieval head (chapters 1-6)
 @dataclass(frozen=True)
-class RetrievalHeadConfig:
+class RetrievalHeadConfig(Normalized):
     """Hyper-parameters of :class:`RetrievalHead` (hashable).
 
     Attributes:
@@ -195,7 +189,6 @@ class RetrievalHeadConfig:
     init_scale: float = 1.0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_model", self.d_model, minimum=1)
         check_int("d_head", self.d_head, minimum=1)
@@ -292,10 +285,7 @@ class RetrievalHead(EnsembleModel):
 
         ``positions`` replaces ``shift .. shift + L - 1`` (e.g. the randomised positions of training).
         """
-        return self._scores(_positions(seq_len, position_shift, positions))
-
-    def _scores(self, positions: Tensor) -> Tensor:
-        """:meth:`scores` at checked positions ``[L]`` (integers, on the CPU)."""
+        positions = _positions(seq_len, position_shift, positions)  # [L] integers on the CPU
         q, k = self.queries_keys(positions)
         s = attention_scores(q[:, -1:], k)[:, 0]  # [M, L]
         bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
@@ -307,17 +297,11 @@ class RetrievalHead(EnsembleModel):
 
         ``logit_scale`` multiplies every logit first (a test-time temperature, chapter 5).
         """
-        positions = _positions(seq_len, position_shift, positions)
         if logit_scale != 1.0:
             logit_scale = check_positive_float("logit_scale", logit_scale)
-        return self._attention_row(positions, logit_scale)
-
-    def _attention_row(self, positions: Tensor, logit_scale: float = 1.0) -> Tensor:
-        """:meth:`attention_row` at checked positions ``[L]`` and a checked ``logit_scale`` (the normaliser was
-        checked by the configuration)."""
         if self.config.attention == ELU_LINEAR:  # no logits: its own path
-            return self._elu_linear_row(positions, logit_scale)
-        s = self._scores(positions)
+            return self._elu_linear_row(_positions(seq_len, position_shift, positions), logit_scale)
+        s = self.scores(seq_len, position_shift, positions)  # [M, L]
         if logit_scale != 1.0:
             s = logit_scale * s
         return ROW_WEIGHTS[self.config.attention](s)
@@ -347,26 +331,17 @@ class RetrievalHead(EnsembleModel):
         """Class logits contributed by each input token at unit attention: ``E W_V^T W_O^T``, ``[M, V+1, V]``."""
         return self.embed @ self.w_v.transpose(1, 2) @ self.w_o.transpose(1, 2)
 
-    def forward(self, tokens: Tensor, position_shift: int = 0, validate: bool = True, logit_scale: float = 1.0,
+    def forward(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` for ``tokens [B, L]`` or ``[M, B, L]``.
 
-        ``logit_scale`` and ``positions`` are passed to :meth:`attention_row`. ``validate=False`` is for callers
-        that checked their arguments once (the training and evaluation loops: tokens their task sampled, positions
-        the encoding drew, a checked ``logit_scale``): it skips the token-range check (see :func:`_check_tokens`),
-        the checks of ``positions``, ``position_shift`` and ``logit_scale`` and the finite-row check. Shapes are
-        always checked.
+        ``logit_scale`` and ``positions`` are passed to :meth:`attention_row`.
         """
-        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
-        if validate:
-            attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
-            if not bool(torch.isfinite(attn).all()):  # e.g. a learned score bias that has gone NaN
-                raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not "
-                                 "finite (a NaN or inf score bias or weight): refusing to read it out")
-        else:
-            if positions is None:
-                positions = torch.arange(tokens.shape[-1]) + position_shift
-            attn = self._attention_row(positions, logit_scale)
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
+        attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
+        if not bool(torch.isfinite(attn).all()):  # e.g. a learned score bias that has gone NaN
+            raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not "
+                             "finite (a NaN or inf score bias or weight): refusing to read it out")
         logits = readout(attn, tokens, self.value_table())
         return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -459,23 +434,20 @@ class ContentRetrievalHead(RetrievalHead):
         bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
         return s if bias is None else s + bias.reshape(-1, 1, positions.shape[0]).to(s)
 
-    def forward(self, tokens: Tensor, position_shift: int = 0, validate: bool = True, logit_scale: float = 1.0,
+    def forward(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` (one row per sequence).
 
-        Arguments as :meth:`RetrievalHead.forward`; ``validate=False`` skips the same checks.
+        Arguments as :meth:`RetrievalHead.forward`.
         """
-        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
-        if validate:
-            positions = _positions(tokens.shape[-1], position_shift, positions)
-            self.check_positions(positions)
-            if logit_scale != 1.0:
-                logit_scale = check_positive_float("logit_scale", logit_scale)
-        elif positions is None:
-            positions = torch.arange(tokens.shape[-1]) + position_shift
-        s = self._content_scores(tokens, positions.cpu().long())
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
+        positions = _positions(tokens.shape[-1], position_shift, positions)  # [L] integers on the CPU
+        self.check_positions(positions)
+        if logit_scale != 1.0:
+            logit_scale = check_positive_float("logit_scale", logit_scale)
+        s = self._content_scores(tokens, positions)
         attn = (s if logit_scale == 1.0 else logit_scale * s).softmax(-1)
-        if validate and not bool(torch.isfinite(attn).all()):
+        if not bool(torch.isfinite(attn).all()):
             raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")
         return readout(attn, tokens, self.value_table()), attn
 
@@ -567,27 +539,21 @@ class KernelHead(Ensemble):
         Raises:
             TypeError / ValueError: positions that are not integers, or none.
         """
-        return self._kernel(check_relative_positions("relative_positions", relative_positions))
-
-    def _kernel(self, relative: Tensor) -> Tensor:
-        """:meth:`kernel` at checked relative positions (long ``[n]``), with the frequencies checked at construction."""
+        relative = check_relative_positions("relative_positions", relative_positions)  # long [n]
         return self.c @ _kernel_features(relative, self.frequencies).to(self.c).T
 
     def scores(self, seq_len: int) -> Tensor:
         """Attention weights of the last position over keys ``j = 0 .. L-1``: ``[M, L]``."""
         seq_len = check_int("seq_len", seq_len, minimum=1)
-        return self._kernel(torch.arange(seq_len) - (seq_len - 1))
+        return self.kernel(torch.arange(seq_len) - (seq_len - 1))
 
     attention_row = scores
 
-    def forward(self, tokens: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
-        """``tokens [B, L]`` or ``[M, B, L]`` -> ``(outputs [M, B, V], attention [M, B, L])``.
-
-        ``validate=False`` skips the token-range check, as in :meth:`RetrievalHead.forward`.
-        """
-        _check_tokens(tokens, self.vocab_size + 1, self.n_models, validate)
+    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """``tokens [B, L]`` or ``[M, B, L]`` -> ``(outputs [M, B, V], attention [M, B, L])``."""
+        _check_tokens(tokens, self.vocab_size + 1, self.n_models)
         seq_len = tokens.shape[-1]
-        attn = self._kernel(torch.arange(seq_len) - (seq_len - 1))  # [M, L]: scores(L), L read off the tokens
+        attn = self.kernel(torch.arange(seq_len) - (seq_len - 1))  # [M, L]: scores(L), L read off the tokens
         table = self.values.to(attn)[None].expand(self.n_models, -1, -1)
         return readout(attn, tokens, table), attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -636,7 +602,7 @@ def rotation_transition(theta: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class LinearRNNConfig:
+class LinearRNNConfig(Normalized):
     """Hyper-parameters of :class:`LinearRNN` (hashable).
 
     Attributes:
@@ -657,7 +623,6 @@ class LinearRNNConfig:
     transition: str = "free"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("d_state", self.d_state, minimum=1)
         check_positive_float("init_scale", self.init_scale, allow_zero=True)
@@ -777,21 +742,21 @@ class LinearRNN(Ensemble):
 
     def states(self, tokens: Tensor) -> Tensor:
         """The recurrence itself, step by step: ``h_{L-1}`` ``[M, B, n]`` for ``tokens [B, L]`` (a reference for tests)."""
-        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, True, batched_models=False)
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, batched_models=False)
         h = torch.zeros(self.n_models, tokens.shape[0], self.config.d_state, device=self.device, dtype=self.A.dtype)
         for t in range(tokens.shape[1]):
             h = torch.einsum("mij,mbj->mbi", self.A, h) + self.B[:, :, tokens[:, t]].transpose(1, 2)
         return h
 
-    def forward(self, tokens: Tensor, validate: bool = True, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, tokens: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``tokens [B, L]`` or ``[M, B, L]`` -> ``(logits [M, B, V], kernel norms [M, L])`` (row layout).
 
-        ``validate=False`` skips the token-range check (see :func:`_check_tokens`). ``positions`` must be
-        None: the training loop passes the encoding's training positions, which NoPE leaves at None.
+        ``positions`` must be None: the training loop passes the encoding's training positions, which NoPE
+        leaves at None.
         """
         if positions is not None:
             raise ValueError("a LinearRNN has no positions to set (order enters through the recurrence); got positions")
-        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, validate)
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
         seq_len = tokens.shape[-1]
         kernel = self.kernel(seq_len).flip(1)  # [M, L, V, V+1]: index j holds K(d = L-1-j)
         one_hot = F.one_hot(tokens, self.config.vocab_size + 1).to(kernel.dtype)  # [(M,) B, L, V+1]
@@ -828,7 +793,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(Normalized):
     """Hyper-parameters of :class:`Transformer` (hashable).
 
     Attributes:
@@ -848,7 +813,6 @@ class TransformerConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
         check_int("n_layers", self.n_layers, minimum=1)
         check_int("n_heads", self.n_heads, minimum=1)
@@ -921,7 +885,7 @@ class Block(nn.Module):
         scores = attention_scores(q, k)  # q k^T / sqrt(d_head): [M, B, H, L, L]
         if bias is not None:
             scores = scores + bias[:, None]  # ALiBi's m_h (j - i), T5's bucket bias, ...
-        scores = scores.masked_fill(~_causal_mask(seq_len, x.device), float("-inf"))  # query i sees keys 0 .. i
+        scores = scores.masked_fill(~causal_mask(seq_len, x.device), float("-inf"))  # query i sees keys 0 .. i
         weights = scores.softmax(-1)  # [M, B, H, L, L]
         out = (weights @ v.to(weights.dtype)).to(x.dtype)  # [M, B, H, L, d_head]
         out = out.transpose(2, 3).reshape(m, b, seq_len, d)  # the heads side by side: [M, B, L, d]
@@ -983,18 +947,16 @@ class Transformer(EnsembleModel):
         return self.config.n_heads
 
     def forward(self, tokens: Tensor, position_shift: int = 0, return_attention: bool = False,
-                validate: bool = True, positions: Tensor | None = None):
+                positions: Tensor | None = None):
         """Logits ``[M, B, L, V]`` of ``tokens [B, L]`` (and, with ``return_attention``, per-layer weights).
 
         ``positions [L]`` (integers) replaces the positions ``shift .. shift + L - 1``, as in
         :meth:`RetrievalHead.forward`; the training loop passes the encoding's ``train_positions``.
-        ``validate=False`` skips the token range check, the checks of the positions and the score bias check
-        (the training loops pass it for batches their task sampled, at positions the encoding drew).
 
         Raises:
             TypeError / ValueError: see the class docstring.
         """
-        logits, layers = self._layers(tokens, position_shift, validate, positions)
+        logits, layers = self._layers(tokens, position_shift, positions)
         return (logits, [weights for weights, _ in layers]) if return_attention else logits
 
     @torch.no_grad()
@@ -1006,16 +968,13 @@ class Transformer(EnsembleModel):
         Raises:
             TypeError / ValueError: see the class docstring.
         """
-        return [scores for _, scores in self._layers(tokens, position_shift, True, None)[1]]
+        return [scores for _, scores in self._layers(tokens, position_shift, None)[1]]
 
-    def _layers(self, tokens: Tensor, position_shift: int, validate: bool, positions: Tensor | None):
-        """The whole model: logits ``[M, B, L, V]`` and, per layer, (weights, scores) ``[M, B, H, L, L]``.
-
-        With ``validate=False`` the caller checked ``positions`` (the training loop: the encoding drew them, and
-        :func:`~lengthgen_utils.run.training.train_sequence` checked that the encoding covers them)."""
-        _check_tokens(tokens, self.config.vocab_size, self.n_models, validate, batched_models=False)
+    def _layers(self, tokens: Tensor, position_shift: int, positions: Tensor | None):
+        """The whole model: logits ``[M, B, L, V]`` and, per layer, (weights, scores) ``[M, B, H, L, L]``."""
+        _check_tokens(tokens, self.config.vocab_size, self.n_models, batched_models=False)
         b, seq_len = tokens.shape
-        positions = _model_positions(self, seq_len, position_shift, positions, validate)  # [L] on the CPU
+        positions = _model_positions(self, seq_len, position_shift, positions)  # [L] on the CPU
         # each layer keeps its weights and scores [M, B, H, L, L], one more in flight: refused before allocating
         check_attention_fits(seq_len, self.n_models * b * self.n_heads, self.embed.dtype, self.device,
                              copies=2 * self.config.n_layers + 1)
@@ -1023,7 +982,7 @@ class Transformer(EnsembleModel):
         added = self.encoding.embed(self.pe_params, positions)  # [M, L, d] (absolute encodings) or None
         if added is not None:
             x = x + added[:, None]
-        bias = self._score_bias(positions, validate)  # [M or 1, H, L, L] (ALiBi, T5) or None
+        bias = self._score_bias(positions)  # [M or 1, H, L, L] (ALiBi, T5) or None
         layers = []
         for block in self.blocks:
             x, weights, scores = block(x, positions, bias)
@@ -1031,18 +990,18 @@ class Transformer(EnsembleModel):
         logits = _linear(_layer_norm(x, self.ln_f_w, self.ln_f_b), self.unembed)  # [M, B, L, V]
         return logits, layers
 
-    def _score_bias(self, positions: Tensor, validate: bool) -> Tensor | None:
+    def _score_bias(self, positions: Tensor) -> Tensor | None:
         """The encoding's score bias at ``positions`` (queries and keys alike), ``[M or 1, H, L, L]`` in the
-        model's dtype and device, or None; with ``validate``, a bias that went NaN or ``+inf`` is refused."""
+        model's dtype and device, or None; a bias that went NaN or ``+inf`` is refused."""
         bias = self.encoding.score_bias(self.pe_params, positions, positions, self.n_heads)
         if bias is None:
             return None
         bias = bias.to(device=self.device, dtype=self.embed.dtype)
-        if validate:  # once per validated pass (not in training): a learned bias that went NaN is refused
-            seq_len = positions.shape[0]
-            try:
-                _check_bias(bias, (bias.shape[0], self.n_heads), seq_len, seq_len,
-                            allowed=_causal_mask(seq_len, "cpu"))
+        seq_len = positions.shape[0]
+        fits = bias.dim() == 4 and bias.shape[1] in (1, self.n_heads) and bias.shape[-2:] == (seq_len, seq_len)
+        if not (fits and bool(torch.isfinite(bias).all())):  # one reduction when all is well; else say what is wrong
+            try:  # e.g. a learned bias that went NaN
+                _check_bias(bias, (bias.shape[0], self.n_heads), seq_len, seq_len, allowed=causal_mask(seq_len))
             except ValueError as err:
                 raise ValueError(f"the score bias of {self.encoding!r}: {err}") from None
         return bias

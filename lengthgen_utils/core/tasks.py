@@ -33,12 +33,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from .._validate import check_device, check_generator, check_int, normalize_numbers, per_model
+from .._validate import Normalized, check_device, check_generator, check_int, per_model
 
 IGNORE_INDEX = -100  # targets at positions where the task defines none; never scored, never in the loss
 
 
-class Task:
+class Task(Normalized):
     """The protocol every task follows (see the module docstring).
 
     Subclasses are frozen dataclasses (hashable, so a task can sit in an experiment's
@@ -52,7 +52,6 @@ class Task:
     n_special_tokens: ClassVar[int] = 0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         check_int("vocab_size", self.vocab_size, minimum=2)
 
     @property
@@ -161,12 +160,7 @@ class Task:
         check_int("batch_size", batch_size, minimum=1)
         seq_len = self.check_seq_len(seq_len)
         check_generator(generator)
-        return self._draw(batch_size, seq_len, generator, check_device(device))
-
-    def _draw(self, batch_size: int, seq_len: int, generator, device) -> tuple[Tensor, Tensor]:
-        """:meth:`sample` of checked arguments: what the training and evaluation loops call once per batch,
-        after checking every length they will draw at (and the batch size) once, before the loop."""
-        tokens = self._sample_tokens(batch_size, seq_len, generator).to(device)
+        tokens = self._sample_tokens(batch_size, seq_len, generator).to(check_device(device))  # [B, L]
         return tokens, self._targets_at(tokens)
 
 

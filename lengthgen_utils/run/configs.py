@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 
-from .._validate import (check_fits, check_float_sequence, check_int, check_int_sequence, check_positive_float,
-                         normalize_numbers, normalize_sequence)
+from .._validate import (Normalized, check_fits, check_float_sequence, check_int, check_int_sequence, check_positive_float,
+                         normalize_sequence)
 from ..core.attention import check_attention
 from ..core.encodings import Encoding, RoPE, get_encoding
 from ..core.models import check_transition
@@ -25,7 +25,7 @@ from .profiles import Profile
 
 
 @dataclass(frozen=True)
-class TrainingSettings:
+class TrainingSettings(Normalized):
     """What every ensemble experiment has: how many models, how they are trained, how much they are evaluated.
 
     Fields:
@@ -48,7 +48,6 @@ class TrainingSettings:
     momentum: float = 0.0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         self._check_training()
 
     def _check_training(self, **sizes) -> None:
@@ -93,7 +92,6 @@ class SingleHeadSettings(TrainingSettings):
     task_family: str = "fixed-offset"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         self._check_settings(1)
 
     def _check_settings(self, largest_offset: int) -> None:
@@ -158,7 +156,6 @@ class RetrievalExperiment(SingleHeadSettings):
     init_scale: float = 1.0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "pe", get_encoding(self.pe))
         check_attention(self.attention)
         self._check_settings(check_int("offset", self.offset, minimum=1))
@@ -229,7 +226,6 @@ class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
     init_scale: float = 1.0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         for name in ("pes", "attentions"):
             values = getattr(self, name)
             if isinstance(values, (str, Encoding)) or not hasattr(values, "__iter__") or not tuple(values):
@@ -286,7 +282,7 @@ class RetrievalSweep(_OffsetMajorEnsemble, SingleHeadSettings):
 
 
 @dataclass(frozen=True)
-class SnapshotSweep:
+class SnapshotSweep(Normalized):
     """One single-head ensemble trained once, with its weights kept at several steps (chapter 5's margin sweep).
 
     Margins grow with training, so the snapshots of one run are heads of increasing margin, for the
@@ -319,7 +315,6 @@ class SnapshotSweep:
     content: bool = False
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         if not isinstance(self.sweep, RetrievalSweep) or len(self.sweep.pes) != 1 or len(self.sweep.attentions) != 1:
             raise TypeError(f"sweep must be a RetrievalSweep of one encoding and one attention; got {self.sweep!r:.200}")
         for i, step in enumerate(normalize_sequence(self, "snapshot_steps", minimum=1)):
@@ -361,7 +356,6 @@ class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
     transition: str = "free"
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         offsets = normalize_sequence(self, "offsets", minimum=1)
         if len(set(offsets)) != len(offsets):
             raise ValueError(f"offsets must be distinct; got {offsets}")
@@ -379,7 +373,7 @@ class RecurrentExperiment(_OffsetMajorEnsemble, SingleHeadSettings):
 
 
 @dataclass(frozen=True)
-class KernelHeadConfig:
+class KernelHeadConfig(Normalized):
     """The cache key of :func:`~lengthgen_utils.run.runners.run_kernel_head`: the experiment, the frequency set
     and the SGD settings."""
 
@@ -389,7 +383,6 @@ class KernelHeadConfig:
     steps: int
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         if not isinstance(self.experiment, RetrievalExperiment):
             raise TypeError(f"experiment must be a RetrievalExperiment; got {type(self.experiment).__name__} "
                             f"{self.experiment!r:.60}")
@@ -434,7 +427,6 @@ class TransformerExperiment(TrainingSettings):
     min_train_len: int | None = None
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "pe", get_encoding(self.pe))
         if not isinstance(self.task, Task):
             raise TypeError(f"task must be a Task (e.g. DelayedCopy(16, 5)); got {type(self.task).__name__} "
@@ -517,7 +509,7 @@ def margin_sweep(profile: Profile, control: str, offsets=(1, 2, 3, 5)) -> Snapsh
 
 
 @dataclass(frozen=True)
-class RegimeMap:
+class RegimeMap(Normalized):
     """Chapter 5b's sweep over what sets a RoPE head's rule and its margin: the regime map.
 
     One cell is one :class:`SnapshotSweep` (one training of ``len(offsets) * n_seeds`` heads with
@@ -549,7 +541,6 @@ class RegimeMap:
     n_null: int = 2000
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         for name in ("bases", "weight_decays", "content_weight_decays"):
             values = getattr(self, name)
             values = () if name == "content_weight_decays" and not tuple(values) else check_float_sequence(name, values)

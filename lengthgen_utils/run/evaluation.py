@@ -76,9 +76,9 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
         for col, (seq_len, scale) in enumerate(zip(lengths, scales)):
             correct = torch.zeros(model.n_models, dtype=torch.long, device=model.device)  # counts stay on the device
             for start in range(0, n_samples, batch_size):
-                tokens, _ = tasks[0]._draw(min(batch_size, n_samples - start), seq_len, gen, model.device)  # checked
+                tokens, _ = tasks[0].sample(min(batch_size, n_samples - start), seq_len, gen, model.device)  # checked
                 kwargs = {} if scale == 1.0 else {"logit_scale": scale}
-                logits, _ = model(tokens, validate=False, **kwargs)  # sampled from the task: valid by construction
+                logits, _ = model(tokens, **kwargs)  # sampled from the task: valid by construction
                 correct += (logits.argmax(-1) == query_targets(tasks, tokens)).sum(1)
             out[:, col] = correct.cpu().double() / n_samples
     return out
@@ -168,9 +168,9 @@ def token_accuracy_by_position(model, task, seq_len: int, n_samples: int = 256, 
     counts = torch.zeros(seq_len, dtype=torch.float64)
     with _threads(model, None):
         for start in range(0, n_samples, batch_size):
-            tokens, targets = task._draw(min(batch_size, n_samples - start), seq_len, gen, model.device)  # checked
+            tokens, targets = task.sample(min(batch_size, n_samples - start), seq_len, gen, model.device)  # checked
             scored = targets != IGNORE_INDEX
-            hits = (model(tokens, validate=False).argmax(-1) == targets) & scored
+            hits = (model(tokens).argmax(-1) == targets) & scored
             correct += hits.sum(1).double().cpu()
             counts += scored.sum(0).double().cpu()
     acc = correct / counts
@@ -240,11 +240,11 @@ def lag_agreement(model, task, seq_len: int, lag: int, min_position: int = 0, n_
     positions = positions[positions >= max(min_position, lag)]
     if positions.numel() == 0:
         raise ValueError(f"no scored position t >= max(min_position={min_position}, lag={lag}) at seq_len={seq_len}")
-    model.check_positions(torch.arange(seq_len))  # once here: the forward pass below runs with validate=False
+    model.check_positions(torch.arange(seq_len))  # before sampling: a length the encoding cannot cover is refused first
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             generator(check_int("seed", seed, minimum=0)), device=model.device)
     with _threads(model, None):
-        predicted = model(tokens, validate=False).argmax(-1)[:, :, positions]  # [M, B, P]
+        predicted = model(tokens).argmax(-1)[:, :, positions]  # [M, B, P]
     return (predicted == tokens[None, :, positions - lag]).double().mean((1, 2)).cpu()
 
 
@@ -304,8 +304,8 @@ def attention_vote(model, task, lengths, n_samples: int = 512, seed: int = 4321,
     with _threads(model, None):
         for col, seq_len in enumerate(lengths):
             for start in range(0, n_samples, batch_size):
-                tokens, _ = tasks[0]._draw(min(batch_size, n_samples - start), seq_len, gen, model.device)
-                _, attn = model(tokens, validate=False)  # [M, B, L]; tokens drawn from the task
+                tokens, _ = tasks[0].sample(min(batch_size, n_samples - start), seq_len, gen, model.device)
+                _, attn = model(tokens)  # [M, B, L]; tokens drawn from the task
                 b = tokens.shape[0]
                 target_pos = (seq_len - 1 - offsets)[:, None, None].expand(m, b, 1)
                 mass[:, col] += attn.gather(2, target_pos)[..., 0].double().sum(1).cpu()

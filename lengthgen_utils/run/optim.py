@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validate import check_positive_float, normalize_numbers
+from .._validate import Normalized, check_positive_float
 
 @dataclass(frozen=True)
 class Rule:
@@ -87,7 +87,7 @@ def register_optimizer(name: str, momentum: bool = False, per_model: Callable | 
 
 
 @dataclass(frozen=True)
-class OptimizerSettings:
+class OptimizerSettings(Normalized):
     """How a trainer updates the weights: the rule's name and its hyper-parameters (hashable).
 
     Fields:
@@ -110,7 +110,6 @@ class OptimizerSettings:
     momentum: float = 0.0
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         if not isinstance(self.name, str):
             raise TypeError(f"optimizer must be a name (str), one of {sorted(OPTIMIZERS)}; got "
                             f"{type(self.name).__name__} {self.name!r}")

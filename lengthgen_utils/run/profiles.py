@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._validate import check_int, check_int_sequence, check_rope_base, env_value, normalize_numbers, plain_number
+from .._validate import Normalized, check_int, check_int_sequence, check_rope_base, env_value, plain_number
 from ..core.attention import check_attention
 
 PROFILE_ENV = "LENGTHGEN_PROFILE"
@@ -32,7 +32,7 @@ def _frozen(name: str, value):
 
 
 @dataclass(frozen=True)
-class Profile:
+class Profile(Normalized):
     """How much compute a run of the book spends.
 
     Attributes:
@@ -70,7 +70,6 @@ class Profile:
     margin_controls: tuple[str, ...] = ("steps", "weight decay")
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"name must be a non-empty str; got {type(self.name).__name__} {self.name!r}")
         for name in ("n_seeds", "steps", "batch_size", "eval_samples"):

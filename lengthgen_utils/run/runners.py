@@ -227,9 +227,9 @@ class _LogLengthTrainingHead(RetrievalHead):
         super().__init__(*args, **kwargs)
         self.train_len = train_len
 
-    def forward(self, tokens, position_shift=0, validate=True, logit_scale=1.0, positions=None):
+    def forward(self, tokens, position_shift=0, logit_scale=1.0, positions=None):
         scale = logit_scale * math.log(tokens.shape[-1]) / math.log(self.train_len)
-        return super().forward(tokens, position_shift, validate, scale, positions)
+        return super().forward(tokens, position_shift, scale, positions)
 
 
 def _snapshot_head(config: SnapshotSweep, seeds, training: bool = False) -> RetrievalHead:

@@ -297,11 +297,11 @@ def _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_len
         fixed = []  # one (positions, tokens [n, L], targets [M, n]) per training length, drawn once
         for seq_len in ([train_len] if fixed_length else range(min_len, train_len + 1)):
             positions = model.encoding.train_positions(seq_len, gen)
-            tokens, _ = tasks[0]._draw(train_set, seq_len, gen, "cpu")
+            tokens, _ = tasks[0].sample(train_set, seq_len, gen, "cpu")
             fixed.append((positions, tokens.to(device), batch_targets(tasks, tokens)[..., -1].to(device)))
 
         def full_batch_loss():
-            losses = [ensemble_cross_entropy(model(tokens, validate=False, positions=positions)[0], targets)
+            losses = [ensemble_cross_entropy(model(tokens, positions=positions)[0], targets)
                       for positions, tokens, targets in fixed]
             return torch.stack(losses).mean(0)  # [M]: every length weighs the same, as in the stream
 
@@ -313,9 +313,9 @@ def _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_len
     def batch_loss():
         seq_len = train_len if fixed_length else int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
         positions = model.encoding.train_positions(seq_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
-        tokens, _ = tasks[0]._draw(batch_size, seq_len, gen, "cpu")  # train checked every length it draws
+        tokens, _ = tasks[0].sample(batch_size, seq_len, gen, "cpu")  # train checked every length it draws
         tokens = tokens.to(device, non_blocking=True)
-        logits, _ = model(tokens, validate=False, positions=positions)  # tokens come from the task: valid
+        logits, _ = model(tokens, positions=positions)  # tokens come from the task: valid
         return ensemble_cross_entropy(logits, batch_targets(tasks, tokens)[..., -1])  # query-only: checked
 
     history = _run_steps(model, opt, batch_loss, steps, device,
@@ -405,7 +405,7 @@ def _train_squared_loss_loop(model, tasks, seeds, per_model, optimizer, steps, b
         batches = []
         for gen in gens:
             seq_len = int(torch.randint(min_len, train_len + 1, (1,), generator=gen))
-            batches.append(tasks[0]._draw(batch_size, seq_len, gen, "cpu")[0])  # lengths checked before the loop
+            batches.append(tasks[0].sample(batch_size, seq_len, gen, "cpu")[0])  # lengths checked before the loop
         if per_model:
             longest = max(b.shape[1] for b in batches)
             targets = torch.stack([tasks[0]._targets_at(b)[:, -1] for b in batches]).to(device)  # [M, B]
@@ -415,7 +415,7 @@ def _train_squared_loss_loop(model, tasks, seeds, per_model, optimizer, steps, b
         else:
             tokens = batches[0].to(device)
             targets = batch_targets(tasks, tokens)[..., -1]
-        outputs, _ = model(tokens, validate=False)  # tokens the task sampled (and query-token padding): valid
+        outputs, _ = model(tokens)  # tokens the task sampled (and query-token padding): valid
         return ensemble_squared_error(outputs, targets)
 
     return _run_steps(model, opt, batch_loss, steps, device, progress=False)
@@ -492,7 +492,7 @@ def train_sequence(model, task, optimizer: OptimizerSettings | None = None, step
     train_len = check_fits("train_len", train_len, shared_task(task).check_seq_len)
     if task.n_tokens != model.config.vocab_size:
         raise ValueError(f"task input vocabulary {task.n_tokens} differs from model vocab_size={model.config.vocab_size}")
-    # every position training can visit, checked once here: the steps run the model with validate=False
+    # every position training can visit, checked before the first step
     model.check_positions(torch.arange(model.encoding.visited_positions(train_len)))
     if min_train_len is not None:
         check_int("min_train_len", min_train_len, minimum=task.min_seq_len, maximum=train_len)
@@ -515,8 +515,8 @@ def _train_sequence_loop(model, task, optimizer, steps, batch_size, lengths, see
         # one length: no draw, so chapter 7's stream is what it was before lengths could vary
         seq_len = lengths[0] if len(lengths) == 1 else lengths[int(torch.randint(len(lengths), (1,), generator=gen))]
         positions = model.encoding.train_positions(seq_len, gen)  # None: 0 .. L-1 (randomised encodings differ)
-        tokens, targets = task._draw(batch_size, seq_len, gen, device)  # the lengths were checked before the loop
-        return sequence_cross_entropy(model(tokens, validate=False, positions=positions), targets)
+        tokens, targets = task.sample(batch_size, seq_len, gen, device)  # the lengths were checked before the loop
+        return sequence_cross_entropy(model(tokens, positions=positions), targets)
 
     history = _run_steps(model, opt, batch_loss, steps, device,
                          progress=bool(progress or (progress is None and steps >= 1000)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .._validate import check_int, normalize_numbers
+from .._validate import Normalized, check_int
 from ..core.encodings import (ALiBi, Encoding, LearnedAPE, NoPE, NoPEBOS, RandomizedPositions, RoPE,
                               RoPEInterpolation, RoPENTK, SinusoidalAPE, T5Bias, get_encoding)
 from .cache import load_or_run
@@ -73,14 +73,13 @@ def control_encoding(train_len: int) -> RandomizedPositions:
 
 
 @dataclass(frozen=True)
-class TestTimeEncoding:
+class TestTimeEncoding(Normalized):
     """The cache key of an evaluation of the weights ``trained`` produced, run with encoding ``pe`` at test time."""
 
     trained: RetrievalExperiment | TransformerExperiment
     pe: Encoding
 
     def __post_init__(self):
-        normalize_numbers(self)  # numpy scalars become Python numbers before any check
         object.__setattr__(self, "pe", get_encoding(self.pe))
         if not isinstance(self.trained, (RetrievalExperiment, TransformerExperiment)):
             raise TypeError(f"trained must be a RetrievalExperiment or TransformerExperiment; got "
