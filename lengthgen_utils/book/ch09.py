@@ -316,7 +316,7 @@ def encoding_panels(curves: dict, attention, train_len: int, target: int, chance
     fig.update_xaxes(title="length / training<br>length (log scale)", tickvals=np.log2(ticks),
                      ticktext=[f"{t}x" for t in ticks], row=1, col=1)
     fig.update_yaxes(title="accuracy (fraction)", range=[-0.02, 1.05], row=1, col=1)
-    fig.update_xaxes(title="key position<br>(tokens)", range=[-1, attention.shape[1]], row=1, col=2)
+    fig.update_xaxes(title="key position j<br>(tokens)", range=[-1, attention.shape[1]], row=1, col=2)
     fig.update_yaxes(title="attention weight", range=[-0.02, 1.05], row=1, col=2)
     fig.update_layout(title=title, height=FIGURE_HEIGHT + 60, margin=dict(t=150, b=70),
                       legend=dict(orientation="h", x=0.0, xanchor="left", y=1.13, yanchor="bottom"))
