@@ -911,7 +911,7 @@ class Block(nn.Module):
 
         Returns:
             the output ``W_O o`` ``[M, B, L, d]``, the weights ``[M, B, H, L, L]`` (rows sum to one over keys
-            ``0 .. i``) and the scores before the softmax ``[M, B, H, L, L]`` (``-inf`` above the diagonal).
+            ``0 .. m``) and the scores before the softmax ``[M, B, H, L, L]`` (``-inf`` above the diagonal).
         """
         m, b, seq_len, d = x.shape
         h, pe = self.config.n_heads, self.config.pe
