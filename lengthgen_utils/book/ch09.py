@@ -114,8 +114,8 @@ def placement_label(fractions: Tensor) -> str:
 def offset_margins(run: Runs, seq_len: int | None = None) -> Tensor:
     """The query's logit at every key minus its logit at the target key ``L-1-k``: ``[n_seeds, L]``.
 
-    Column ``j`` is offset ``D = j - (L-1)``. Negative everywhere but the target means the target wins the
-    argmax; a key with a margin near 0 or above is an alias (chapter 4). Single heads only.
+    Column ``j`` is the relative position ``D = j - (L-1)``. Negative everywhere but the target means the target
+    wins the argmax; a key with a margin near 0 or above is an alias (chapter 4). Single heads only.
     """
     seq_len = max(run.lengths) if seq_len is None else check_int("seq_len", seq_len, minimum=2)
     with torch.no_grad():
@@ -329,7 +329,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
     The encodings' margins differ by orders of magnitude, so each panel has its own y axis.
 
     Args:
-        curves: ``{encoding (or name): margins [n_seeds, L]}``, column ``j`` at offset ``D = j - (L-1)``
+        curves: ``{encoding (or name): margins [n_seeds, L]}``, column ``j`` at relative position ``D = j - (L-1)``
             (e.g. :func:`lengthgen_utils.run.zoo.offset_margins`); drawn as the mean with a min..max band.
         train_len: the offsets the training sequences contained, ``-(train_len-1) .. 0``, are shaded.
         offset: the target offset k (its margin is 0 by construction; a dotted line).

@@ -760,8 +760,8 @@ class RoPEInterpolation(RoPE):
 
     At sequence length ``L`` every frequency is multiplied by ``min(1, train_len / L)``, i.e. position ``t``
     is rotated as RoPE rotates ``t * train_len / L``: the angles of a long sequence stay within the range seen
-    in training, at the price of resolution (an offset ``D`` now turns by ``D * train_len / L``). At
-    ``L <= train_len`` it is exactly RoPE. At each length the logit depends on the offset alone
+    in training, at the price of resolution (a relative position ``D`` now turns by ``D * train_len / L``). At
+    ``L <= train_len`` it is exactly RoPE. At each length the logit depends on the relative position alone
     (``relative``), but the offset kernel changes with ``L``.
 
     Args:
