@@ -1,7 +1,7 @@
 """The offset kernel of a RoPE head and what is read off it: spectrum, alignment, rank, aliasing (chapters 4-6).
 
 **One layout, one name per quantity.** The *relative position* of a key at ``j`` seen from a
-query at ``i`` is ``D = j - i`` (``<= 0`` under a causal mask); its *distance* is ``d = -D``;
+query at ``m`` is ``D = j - m`` (``<= 0`` under a causal mask); its *distance* is ``d = -D``;
 the task's *offset* ``k`` is the distance of the target. A kernel over ``n`` relative positions
 is stored as ``[M, n]`` in the **row layout**: column ``j`` holds ``s(D = j - (n-1))``, the
 attention logits of a query at position ``n-1`` over keys ``0 .. n-1``, exactly as

@@ -44,11 +44,11 @@ def rope_angle_error(positions: Tensor, d_head: int, base: float = 10000.0,
 
 @torch.no_grad()
 def position_logits(model, seq_len: int, position_shift: int = 0, angle_dtype: str = "float64") -> Tensor:
-    """The logit of a query at every position ``m`` against a key at every position ``n`` of a length-L sequence.
+    """The logit of a query at every position ``m`` against a key at every position ``j`` of a length-L sequence.
 
     Row ``m = L-1`` is the model's own score row (``model.scores(L)``). The matrix is returned
-    without a causal mask (the head only ever uses ``n <= m``). For a relative encoding
-    (RoPE, ALiBi, ...) ``s(m, n)`` depends on ``n - m`` alone (chapter 2): the matrix is constant
+    without a causal mask (the head only ever uses ``j <= m``). For a relative encoding
+    (RoPE, ALiBi, ...) the logit ``s_j`` of query ``m`` depends on ``D = j - m`` alone (chapter 2): the matrix is constant
     along its diagonals.
 
     Args:
@@ -59,7 +59,7 @@ def position_logits(model, seq_len: int, position_shift: int = 0, angle_dtype: s
             see :class:`~lengthgen_utils.core.encodings.RoPE`).
 
     Returns:
-        tensor ``[M, L, L]`` (query position, key position), on the model's device.
+        tensor ``[M, L, L]`` (query position ``m``, key position ``j``), on the model's device.
 
     Raises:
         ValueError / TypeError: bad ``seq_len``/``position_shift``, positions the encoding cannot
@@ -156,12 +156,12 @@ def shared_offset_difference(model, short_len: int, long_len: int) -> Tensor:
 def diagonal_spread(logits: Tensor, causal: bool = True) -> Tensor:
     """How far a ``[.., L, L]`` logit matrix is from being constant along its diagonals.
 
-    For every diagonal ``n - m = D`` (``D <= 0`` only when ``causal``), takes
+    For every diagonal ``j - m = D`` (``D <= 0`` only when ``causal``), takes
     ``max - min`` of the entries on it; returns the largest such range.
 
     Args:
         logits: tensor ``[..., L, L]`` (query position, key position), e.g. from :func:`position_logits`.
-        causal: only look at ``n <= m``.
+        causal: only look at ``j <= m`` (query ``m``, key ``j``).
 
     Returns:
         tensor ``[...]`` (float64, CPU): 0 for an exactly offset-only matrix.
@@ -348,8 +348,8 @@ def head_offset_profiles(model, task, seq_len: int, n_samples: int = 64, seed: i
                          min_query: int | None = None) -> tuple[Tensor, Tensor]:
     """Each head's mean attention logit and mean attention weight as a function of the relative position.
 
-    For every query position ``i >= min_query`` and key ``j <= i``, the relative position is
-    ``D = j - i`` (distance ``d = -D``; ``D = 0`` is the query itself). Logits and weights are
+    For every query position ``m >= min_query`` and key ``j <= m``, the relative position is
+    ``D = j - m`` (distance ``d = -D``; ``D = 0`` is the query itself). Logits and weights are
     averaged over queries and over random sequences (i.e. over content).
 
     Args:

@@ -184,7 +184,7 @@ def distractor_ratio(kernel: Tensor, offset) -> Tensor:
 
 # --- the frequency set: orbits, near-recurrences and the long-run dilution law (chapters 4 and 5)
 #
-# A RoPE kernel s(D) = sum_i r_i cos(theta_i D - phi_i) sees the integer offsets D only through the
+# A RoPE kernel s(D) = sum_i r_i cos(theta_i D - phi_i) sees the integer relative positions D only through the
 # phases (theta_i D mod 2 pi)_i. Where two frequencies have a rational ratio, their phases are tied
 # for ever: with base 10^4 and d_head 16, theta_i = 10^(-i/2), so theta_i = 10 theta_{i+2} and
 # theta_0 D = 10 theta_2 D (mod 2 pi) at every D. The phases then do not fill the 8-torus (Kronecker's
@@ -493,7 +493,7 @@ def r_squared(y: Tensor, prediction: Tensor) -> Tensor:
 # --- min-norm interpolant (chapter 6)
 #
 # Without a softmax, a position-only RoPE head's attention weight on the key at
-# offset D = j - (L-1) (key minus query, D <= 0) is the offset kernel
+# relative position D = j - (L-1) (key minus query, D <= 0) is the offset kernel
 #
 #     s(D) = Phi(D) . c,   Phi(D) = [cos(theta_1 D) .. cos(theta_n D), sin(theta_1 D) .. sin(theta_n D)],
 #

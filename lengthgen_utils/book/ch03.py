@@ -72,7 +72,7 @@ def argmax_histogram(counts, train_len: int, marker_position: int | None, title:
         fig.add_vline(x=marker_position, line=dict(color="black", dash="dash", width=1.5),
                       name=f"{marker_label} = {marker_position}", showlegend=True)
     fig.update_layout(title=title, barmode="group", bargap=0.15)
-    fig.update_xaxes(title="key position of the attention argmax (tokens)")
+    fig.update_xaxes(title="key position j of the attention argmax (tokens)")
     fig.update_yaxes(title="number of test lengths")
     return fig
 
@@ -108,7 +108,7 @@ def attention_row_panel(row, train_len: int, target_offset: int | None, title: s
     fig.add_vrect(x0=-0.5, x1=train_len - 0.5, fillcolor="gray", opacity=0.12, line_width=0,
                   name="training positions", showlegend=True)
     fig.update_layout(title=title)
-    fig.update_xaxes(title="absolute key position (tokens)", range=[-1, seq_len if x_max is None else x_max])
+    fig.update_xaxes(title="key position j (tokens)", range=[-1, seq_len if x_max is None else x_max])
     fig.update_yaxes(title="attention weight of the query (fraction)", range=[-0.02, 1.05])
     return fig
 

@@ -21,7 +21,7 @@ def kernel_panel(offsets, kernel, target_offset: int, train_len: int, title: str
     """The offset kernel s(D) of every seed for one target offset k: one step of :func:`kernel_slider`.
 
     Args:
-        offsets: ints D ``[n]`` (x axis, key position minus query position).
+        offsets: the relative positions D ``[n]``, ints (x axis, key position j minus query position m).
         kernel: ``[n_seeds, n]`` logits in nats.
         target_offset: k; a dashed line marks ``D = -k``.
         train_len: the training length (the window ``-(train_len-1) <= D <= 0`` is shaded).
@@ -58,7 +58,7 @@ def kernel_slider(offsets, kernels: dict, train_len: int, title: str) -> go.Figu
     steps can be compared by eye.
 
     Args:
-        offsets: ints D ``[n]`` (x axis, key position minus query position).
+        offsets: the relative positions D ``[n]``, ints (x axis, key position j minus query position m).
         kernels: ``{k: s [n_seeds, n]}`` logits in nats, one entry per target offset k.
         train_len: the training length (the window ``-(train_len-1) <= D <= 0`` is shaded).
         title: figure title.

@@ -114,8 +114,8 @@ def placement_label(fractions: Tensor) -> str:
 def offset_margins(run: Runs, seq_len: int | None = None) -> Tensor:
     """The query's logit at every key minus its logit at the target key ``L-1-k``: ``[n_seeds, L]``.
 
-    Column ``j`` is offset ``D = j - (L-1)``. Negative everywhere but the target means the target wins the
-    argmax; a key with a margin near 0 or above is an alias (chapter 4). Single heads only.
+    Column ``j`` is the relative position ``D = j - (L-1)``. Negative everywhere but the target means the target
+    wins the argmax; a key with a margin near 0 or above is an alias (chapter 4). Single heads only.
     """
     seq_len = max(run.lengths) if seq_len is None else check_int("seq_len", seq_len, minimum=2)
     with torch.no_grad():
@@ -308,7 +308,7 @@ def encoding_panels(curves: dict, attention, train_len: int, target: int, chance
     fig.update_xaxes(title="length / training<br>length (log scale)", tickvals=np.log2(ticks),
                      ticktext=[f"{t}x" for t in ticks], row=1, col=1)
     fig.update_yaxes(title="accuracy (fraction)", range=[-0.02, 1.05], row=1, col=1)
-    fig.update_xaxes(title="key position<br>(tokens)", range=[-1, attention.shape[1]], row=1, col=2)
+    fig.update_xaxes(title="key position j<br>(tokens)", range=[-1, attention.shape[1]], row=1, col=2)
     fig.update_yaxes(title="attention weight", range=[-0.02, 1.05], row=1, col=2)
     fig.update_layout(title=title, height=FIGURE_HEIGHT + 60, margin=dict(t=150, b=70),
                       legend=dict(orientation="h", x=0.0, xanchor="left", y=1.13, yanchor="bottom"))
@@ -321,7 +321,7 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
     The encodings' margins differ by orders of magnitude, so each panel has its own y axis.
 
     Args:
-        curves: ``{encoding (or name): margins [n_seeds, L]}``, column ``j`` at offset ``D = j - (L-1)``
+        curves: ``{encoding (or name): margins [n_seeds, L]}``, column ``j`` at relative position ``D = j - (L-1)``
             (e.g. :func:`lengthgen_utils.run.zoo.offset_margins`); drawn as the mean with a min..max band.
         train_len: the offsets the training sequences contained, ``-(train_len-1) .. 0``, are shaded.
         offset: the target offset k (its margin is 0 by construction; a dotted line).

@@ -252,11 +252,11 @@ def accuracy_by_position(curves: dict, chance: float, train_len: int, title: str
 
 def position_heatmaps(panels: dict, title: str, colorbar_title: str, train_len: int | None = None,
                       zmid: float | None = None, colorscale: str = "RdBu_r") -> go.Figure:
-    """Side-by-side heatmaps of ``[L, L]`` matrices over (query position, key position).
+    """Side-by-side heatmaps of ``[L, L]`` matrices over (query position m, key position j).
 
     Args:
         panels: ``{panel title: matrix [L, L]}``, row = query position m, column = key
-            position n; entries that should not be drawn (e.g. ``n > m``) are NaN.
+            position j; entries that should not be drawn (e.g. ``j > m``) are NaN.
         title: figure title.
         colorbar_title: what the colour shows, with units.
         train_len: when given, dashed lines mark the edge of the training range.

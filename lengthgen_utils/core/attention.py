@@ -154,14 +154,14 @@ ELU_LINEAR = "linear_elu"
 def elu_linear_weights(q: Tensor, k: Tensor, rotate_q=None, rotate_k=None) -> Tensor:
     """Linear attention's weights with the positive feature map ``phi(x) = elu(x) + 1``.
 
-    Query ``i`` weighs key ``j`` by::
+    Query ``m`` weighs key ``j`` by::
 
-        a_ij = R_i phi(q_i) . R_j phi(k_j) / sum_j' phi(q_i) . phi(k_j')
+        a_mj = R_m phi(q_m) . R_j phi(k_j) / sum_j' phi(q_m) . phi(k_j')
 
     Without rotations (``R = I``) this is Katharopoulos et al.'s linear attention: every weight is
     positive and each row sums to 1. With RoPE the rotation acts on the features of the numerator
     only and the normaliser stays unrotated, so it stays positive (RoFormer's linear attention):
-    the numerator then depends on the relative position ``j - i`` alone, and a weight can be
+    the numerator then depends on the relative position ``D = j - m`` alone, and a weight can be
     negative and a row need not sum to 1. (Rotating ``q`` and ``k`` before ``phi`` would keep the
     weights a distribution but make them depend on absolute positions.)
 
@@ -207,7 +207,7 @@ ROW_WEIGHTS[ELU_LINEAR] = _needs_queries_and_keys  # a_j = phi(q) . phi(k_j) / s
 
 # ---------------------------------------------------------------- masks and softmax attention
 def causal_mask(seq_len: int, device=None) -> Tensor:
-    """Boolean causal mask ``[L, L]``: entry ``(i, j)`` is True iff ``j <= i`` (query i sees keys 0..i).
+    """Boolean causal mask ``[L, L]``: entry ``(m, j)`` is True iff ``j <= m`` (query m sees keys 0..m).
 
     ``device``: where it lives (default the CPU), checked by :func:`~lengthgen_utils._validate.check_device`.
 
@@ -268,7 +268,7 @@ def _masked_attention(q: Tensor, k: Tensor, v: Tensor, additive: Tensor, return_
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, return_weights: bool = False, bias: Tensor | None = None):
-    """Causal softmax attention, query ``i`` sees keys ``0 .. i``, with an optional additive score bias.
+    """Causal softmax attention, query ``m`` sees keys ``0 .. m``, with an optional additive score bias.
 
     Args:
         q, k, v: ``[..., L, d_head]``; the fastest layout is 4-D ``[N, H, L, d_head]``, the one torch's fused

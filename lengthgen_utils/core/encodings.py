@@ -242,7 +242,7 @@ class LearnedAPE(Encoding):
 class RoPE(Encoding):
     """Rotary position embedding: queries and keys rotated pair by pair by ``t * theta_i``.
 
-    ``<R_m q, R_n k> = <q, R_{n-m} k>``, so every logit depends on the offset ``n - m``
+    ``<R_m q, R_j k> = <q, R_{j-m} k>``, so every logit depends on the relative position ``D = j - m``
     alone, for any weights (chapter 2).
 
     Args:
@@ -330,11 +330,11 @@ def alibi_slopes(n_heads: int) -> Tensor:
 @register
 @dataclass(frozen=True)
 class ALiBi(Encoding):
-    """Attention with linear biases: head ``h`` adds ``m_h (j - i)`` to the logit of query ``i`` and key ``j``.
+    """Attention with linear biases: head ``h`` adds ``beta_h (j - m)`` to the logit of query ``m`` and key ``j``.
 
     No position signal enters the residual stream or the queries and keys; the bias, non-positive under
     a causal mask, penalises a key in proportion to its distance, with a different slope per head
-    (:func:`alibi_slopes`). It depends on ``j - i`` alone, so ALiBi is relative by construction.
+    (:func:`alibi_slopes`). It depends on ``D = j - m`` alone, so ALiBi is relative by construction.
 
     Source: Press et al. 2022, *Train Short, Test Long: Attention with Linear Biases Enables Input Length
     Extrapolation*, eq. (1) and section 3.
@@ -352,7 +352,7 @@ class ALiBi(Encoding):
         check_int("n_heads", n_heads, minimum=1)
 
     def score_bias(self, params, q_positions: Tensor, k_positions: Tensor, n_heads: int) -> Tensor:
-        relative = (k_positions[None, :] - q_positions[:, None]).to(torch.float64)  # D = j - i: [Lq, Lk]
+        relative = (k_positions[None, :] - q_positions[:, None]).to(torch.float64)  # D = j - m: [Lq, Lk]
         return (alibi_slopes(n_heads)[:, None, None] * relative)[None].float()  # [1, H, Lq, Lk]
 
 
@@ -554,7 +554,7 @@ class SinusoidalAPE(Encoding):
 
 
 def t5_relative_buckets(relative_positions: Tensor, num_buckets: int = 32, max_distance: int = 128) -> Tensor:
-    """T5's bucket of each relative position ``D = j - i`` in a causal (decoder) model.
+    """T5's bucket of each relative position ``D = j - m`` in a causal (decoder) model.
 
     The distance ``d = max(-D, 0)`` (keys after the query share bucket 0; a causal mask hides them) has a bucket
     of its own while ``d < num_buckets // 2``; larger distances share logarithmically wider buckets up to
@@ -590,8 +590,8 @@ def t5_relative_buckets(relative_positions: Tensor, num_buckets: int = 32, max_d
 class T5Bias(Encoding):
     """T5's relative position bias: a learned scalar per head and distance bucket, added to the logits.
 
-    Head ``h`` adds ``B[h, bucket(j - i)]`` to the logit of query ``i`` and key ``j``
-    (:func:`t5_relative_buckets`): the bias depends on ``j - i`` alone, so the encoding is relative by
+    Head ``h`` adds ``B[h, bucket(j - m)]`` to the logit of query ``m`` and key ``j``
+    (:func:`t5_relative_buckets`): the bias depends on ``D = j - m`` alone, so the encoding is relative by
     construction. Unlike ALiBi's fixed slopes, every bucket is a free parameter: a bucket that no training pair
     reaches (distances beyond the training length) gets exactly zero gradient and keeps its initial value, as
     an unseen APE row does.
@@ -744,8 +744,8 @@ class RoPEInterpolation(RoPE):
 
     At sequence length ``L`` every frequency is multiplied by ``min(1, train_len / L)``, i.e. position ``t``
     is rotated as RoPE rotates ``t * train_len / L``: the angles of a long sequence stay within the range seen
-    in training, at the price of resolution (an offset ``D`` now turns by ``D * train_len / L``). At
-    ``L <= train_len`` it is exactly RoPE. At each length the logit depends on the offset alone
+    in training, at the price of resolution (a relative position ``D`` now turns by ``D * train_len / L``). At
+    ``L <= train_len`` it is exactly RoPE. At each length the logit depends on the relative position alone
     (``relative``), but the offset kernel changes with ``L``.
 
     Args:

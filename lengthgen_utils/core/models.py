@@ -875,7 +875,7 @@ class Block(nn.Module):
 
         Returns:
             the output ``W_O o`` ``[M, B, L, d]``, the weights ``[M, B, H, L, L]`` (rows sum to one over keys
-            ``0 .. i``) and the scores before the softmax ``[M, B, H, L, L]`` (``-inf`` above the diagonal).
+            ``0 .. m``) and the scores before the softmax ``[M, B, H, L, L]`` (``-inf`` above the diagonal).
         """
         m, b, seq_len, d = x.shape
         h, pe = self.config.n_heads, self.config.pe
@@ -884,8 +884,8 @@ class Block(nn.Module):
         q, k = pe.rotate(q, positions), pe.rotate(k, positions)  # RoPE turns pair i by t theta_i; most: identity
         scores = attention_scores(q, k)  # q k^T / sqrt(d_head): [M, B, H, L, L]
         if bias is not None:
-            scores = scores + bias[:, None]  # ALiBi's m_h (j - i), T5's bucket bias, ...
-        scores = scores.masked_fill(~causal_mask(seq_len, x.device), float("-inf"))  # query i sees keys 0 .. i
+            scores = scores + bias[:, None]  # ALiBi's beta_h (j - m), T5's bucket bias, ...
+        scores = scores.masked_fill(~causal_mask(seq_len, x.device), float("-inf"))  # query m sees keys 0 .. m
         weights = scores.softmax(-1)  # [M, B, H, L, L]
         out = (weights @ v.to(weights.dtype)).to(x.dtype)  # [M, B, H, L, d_head]
         out = out.transpose(2, 3).reshape(m, b, seq_len, d)  # the heads side by side: [M, B, L, d]

@@ -124,8 +124,8 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, interleaved:
     """Apply rotary position embedding to the last dimension of ``x``.
 
     ``x[..., l, :]`` is rotated by ``R(positions[l] * theta)``, so that for a
-    query at position m and a key at position n,
-    ``<R_m q, R_n k> = <q, R_{n-m} k>``: the score depends on ``n - m`` alone.
+    query at position m and a key at position j,
+    ``<R_m q, R_j k> = <q, R_{j-m} k>``: the score depends on ``D = j - m`` alone.
 
     Args:
         x: float tensor ``[..., L, d_head]`` (e.g. ``[B, H, L, d_head]``), ``d_head`` even.
@@ -312,7 +312,7 @@ def rope_kernel_features(relative_positions, d_head: int, base: float = 10000.0,
     """The RoPE offset features ``Phi(D) = [cos(theta_i D)]_i ++ [sin(theta_i D)]_i``.
 
     Args:
-        relative_positions: integers ``D = j - i`` (key minus query position), a list or an integer tensor ``[n]``.
+        relative_positions: integers ``D = j - m`` (key minus query position), a list or an integer tensor ``[n]``.
         d_head: even head dimension (``d_head // 2`` frequencies).
         base: RoPE base.
         frequencies: optional explicit ``theta [d_head // 2]`` replacing RoPE's (see :func:`kernel_frequencies`).

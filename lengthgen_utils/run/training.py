@@ -351,7 +351,7 @@ def train_squared_loss(model, task, optimizer: OptimizerSettings | None = None, 
     step. The sequences of one step then differ in length; each is left-padded
     to the longest with the query token, whose value is zero in a
     :class:`~lengthgen_utils.core.models.KernelHead`, so padding changes no output
-    and no gradient (the offsets ``D = j - (L-1)`` of the real tokens stay the same).
+    and no gradient (the relative positions ``D = j - (L-1)`` of the real tokens stay the same).
 
     Args:
         model: e.g. :class:`~lengthgen_utils.core.models.KernelHead`; its outputs ``[M, B, V]`` are compared
