@@ -28,18 +28,18 @@ from ..core.rope import apply_rope
 from ..core.tasks import FixedOffsetRetrieval
 
 __all__ = [
-    "compare",
-    "check_targets",
-    "check_relative_score",
-    "check_attention_argmax",
-    "check_kernel",
-    "check_target_mass",
-    "check_critical_mass",
-    "check_window_margin",
-    "check_min_norm",
-    "check_causal_attention",
-    "check_rnn_logits",
     "check_alibi_bias",
+    "check_attention_argmax",
+    "check_causal_attention",
+    "check_critical_mass",
+    "check_kernel",
+    "check_min_norm",
+    "check_relative_score",
+    "check_rnn_logits",
+    "check_target_mass",
+    "check_targets",
+    "check_window_margin",
+    "compare",
 ]
 
 Case = tuple[tuple, Tensor]  # (the arguments of one call, the package's answer)
