@@ -26,18 +26,19 @@ from ..core.encodings import WELL_CONDITIONED_FREQUENCIES, ALiBi
 from ..core.models import LinearRNN, RetrievalHead
 from ..core.rope import apply_rope
 from ..core.tasks import FixedOffsetRetrieval
+from ..run.evaluation import attention_vote
 
 __all__ = [
     "check_alibi_bias",
     "check_attention_argmax",
     "check_causal_attention",
-    "check_critical_mass",
     "check_kernel",
     "check_min_norm",
     "check_relative_score",
     "check_rnn_logits",
     "check_target_mass",
     "check_targets",
+    "check_vote",
     "check_window_margin",
     "compare",
 ]
@@ -153,18 +154,30 @@ def check_target_mass(fn: Callable) -> tuple[bool, str]:
 
 
 # ----------------------------------------------------------------------------------------- chapter 5b
-def check_critical_mass(fn: Callable) -> tuple[bool, str]:
-    """``fn(T [V, V]) -> scalar``: the critical target mass ``p*`` of a value table.
+def check_vote(fn: Callable) -> tuple[bool, str]:
+    """``fn(tokens [B, L], attention [B, L], n_classes) -> [B]``: the class each sequence's attention votes for.
 
-    Compared with :func:`~lengthgen_utils.analysis.theory.critical_target_mass` on random tables whose
-    diagonal stands out (so that ``p*`` exists).
+    The vote replaces the value table by the identity: class ``c`` collects the attention on the keys that
+    hold token ``c`` (the query token holds no class) and the head answers the class with the most. The
+    accuracy of ``fn``'s answers on chapter 1's task (``k = 3``) is compared with ``vote_accuracy`` of
+    :func:`~lengthgen_utils.run.evaluation.attention_vote` on the same sequences, for three RoPE heads
+    (``init_scale`` 4, so that their attention is far from flat) at lengths 16 and 64.
     """
-    gen = seeding.generator(55)
+    model = RetrievalHead(pe="rope", n_models=3, seeds=(50, 51, 52), init_scale=4.0)
+    task = FixedOffsetRetrieval(16, 3)
+
+    def accuracy(tokens, attention, n_classes, targets):
+        winners = fn(tokens, attention, n_classes)
+        return None if winners is None else (torch.as_tensor(winners) == targets).double().mean()
+
     cases = []
-    for scale in (0.25, 0.5, 1.0):
-        table = scale * torch.randn(16, 16, generator=gen, dtype=torch.float64) + 4 * torch.eye(16)
-        cases.append(((table,), theory.critical_target_mass(table[None])[0]))
-    return compare(fn, cases, "my_critical_mass", "theory.critical_target_mass")
+    for L in (16, 64):
+        expected = attention_vote(model, task, [L], n_samples=256, seed=L)["vote_accuracy"][:, 0]  # [M]
+        tokens, targets = task.sample(256, L, seeding.generator(L))
+        with torch.no_grad():
+            _, attention = model(tokens)  # [M, B, L]
+        cases += [((tokens, attention[i], 16, targets[:, -1]), expected[i]) for i in range(3)]
+    return compare(accuracy, cases, "my_vote", "evaluation.attention_vote's vote accuracy")
 
 
 # ----------------------------------------------------------------------------------------- chapter 5c
