@@ -166,7 +166,8 @@ ONE_VALUE = {
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
-             "probes.copy_head_placement", "ch08.copy_by_length",  # one experiment / the check itself: one task
+             "probes.copy_head_placement", "probes.copying_head_reads",
+             "ch08.copy_by_length",  # one experiment / the check itself: one task
              "runners.recurrent_accuracy"},  # handed on to accuracy_by_length, whose per-model tasks are walked
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "fast.FastTransformer.forward",
                "fast.FastTransformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
@@ -179,7 +180,7 @@ ONE_VALUE = {
              "evaluation.token_accuracy_by_position", "probes.position_table_gradient",
              "probes.head_offset_profiles", "training.train", "training.train_sequence", "kernel.shuffled_phases",
              "evaluation.lag_agreement", "probes.head_carriers", "probes.copy_head_placement",
-             "ch09.shift_violation", "bench.tf_batches", "seeding.effective_seed",
+             "probes.copying_head_reads", "ch09.shift_violation", "bench.tf_batches", "seeding.effective_seed",
              "seeding.generator",  # the benchmark's batches, a generator: one stream for every model
              "predictions.score_lags", "ch04.prior_report", "ch01.committed_failures",
              "evaluation.attention_vote",
