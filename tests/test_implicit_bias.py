@@ -226,3 +226,24 @@ def test_chapter_5c_figure_and_table_read_their_cells():
     assert row["cell"] == "Adam" and row["RoPE 2x"] == "0.75" and row["alias <= 4x"] == "0.50"
     assert row["APE fit"] == "0.50" and row["margin"] == "2.0"  # torch's median of two is the lower
     assert ch05c.cell_label(("gradient descent", 0.1)) == "gradient descent, init x0.1"
+
+
+def test_chapter_5c_summary_counts_diverged_heads_and_leaves_them_out():
+    # gradient descent at init x10 (full profile) diverges: every parameter NaN; the summary must not crash on
+    # it nor let a NaN head fit, and the table says how many diverged
+    from lengthgen_utils.book import ch05c
+    from lengthgen_utils.run.runners import run_sweep
+
+    sweep = RetrievalSweep(pes=("rope", "ape"), offsets=(1, 3), n_seeds=2, steps=2, batch_size=8, eval_samples=16,
+                           length_multiples=(1, 2), vocab_size=16, train_len=16)
+    runs = run_sweep(sweep, cache=False)
+    for pe in ("rope", "ape"):
+        with torch.no_grad():
+            next(runs.where(pe=pe).model.parameters())[0].fill_(float("nan"))  # head (k=1, seed 0) diverged
+    s = ch05c.summarise(runs, n_null=8)
+    assert s.rope_diverged == 1 and s.ape_diverged == 1
+    assert not bool(s.rope_fit[0]) and not bool(s.ape_fit[0])
+    assert s.alignment_auc is not None and math.isfinite(s.alignment_auc)
+    assert math.isfinite(s.ape_unseen_drift)
+    (row,) = ch05c.summary_rows({("gradient descent", 10.0): s})
+    assert row["diverged"] == "1/1" and row["margin"] != "nan" and "nan" not in row["cos c_mm"]

@@ -82,15 +82,22 @@ class CellSummary:
     ape_fit: torch.Tensor
     margin: torch.Tensor  # RoPE window margin (nats) [heads]
     travelled: torch.Tensor  # RoPE |w - w0| / |w0| [heads]
-    alignment_auc: float  # RoPE C (variation weights) against untrained heads of the same init
+    alignment_auc: float | None  # RoPE C (variation weights), finite heads, against untrained heads (None: none finite)
     cos_mm: torch.Tensor  # RoPE cosine with the max-margin kernel of the head's offset [heads]
     cos_mm_null: torch.Tensor  # the same for untrained heads
     first_alias: list  # RoPE, tolerance 0, up to 4096 (None: none)
-    ape_unseen_drift: float  # largest change of an APE row >= train_len
+    ape_unseen_drift: float  # largest change of an APE row >= train_len, over the finite APE heads
+    rope_diverged: int = 0  # RoPE heads whose parameters are no longer finite (training diverged)
+    ape_diverged: int = 0
 
 
 def summarise(runs, n_null: int = 64) -> CellSummary:
-    """Every per-cell measure of the chapter, from one cell's :class:`~lengthgen_utils.run.results.Runs`."""
+    """Every per-cell measure of the chapter, from one cell's :class:`~lengthgen_utils.run.results.Runs`.
+
+    A head whose training diverged (a non-finite parameter: gradient descent at init x10 in ``full``) has
+    NaN margin and cosine and chance accuracy; it is counted (``rope_diverged``, ``ape_diverged``), never
+    fits, and is left out of the alignment AUC and the unseen rows' drift.
+    """
     rope, ape = runs.where(pe="rope"), runs.where(pe="ape")
     train_len = runs.experiment.train_len
     ks = rope.offsets
@@ -104,17 +111,25 @@ def summarise(runs, n_null: int = 64) -> CellSummary:
     null_ks = [ks[i % len(ks)] for i in range(n_null)]
     align = kernel.measures(model, ks, train_len).alignment_variation
     align_null = kernel.measures(null, null_ks, train_len).alignment_variation
+    finite, ape_finite = _finite_heads(model), _finite_heads(ape.model)
+    drift = table_drift(ape.model, ape.initial_model())[ape_finite, train_len:]
     return CellSummary(
         rope_accuracy=rope.accuracy, ape_accuracy=ape.accuracy, lengths=list(runs.lengths), offsets=list(ks),
-        rope_fit=rope.accuracy[:, 0] >= FIT, ape_fit=ape.accuracy[:, 0] >= FIT,
+        rope_fit=(rope.accuracy[:, 0] >= FIT) & finite, ape_fit=(ape.accuracy[:, 0] >= FIT) & ape_finite,
         margin=ib.window_margin(s, ks, train_len),
         travelled=ib.distance_travelled(model, rope.initial_model()),
-        alignment_auc=separation_auc(align, align_null),
+        alignment_auc=separation_auc(align[finite], align_null) if finite.any() else None,
         cos_mm=cosine_similarity(c, c_mm),
         cos_mm_null=cosine_similarity(c_null, torch.stack([mm[k] for k in null_ks])),
         first_alias=kernel.first_alias(model, ks, train_len, 4096, tolerance=0.0),
-        ape_unseen_drift=float(table_drift(ape.model, ape.initial_model())[:, train_len:].max()),
+        ape_unseen_drift=float(drift.max()) if drift.numel() else 0.0,
+        rope_diverged=int((~finite).sum()), ape_diverged=int((~ape_finite).sum()),
     )
+
+
+def _finite_heads(model) -> torch.Tensor:
+    """bool ``[M]``: every parameter of the ensemble's model finite."""
+    return torch.stack([torch.isfinite(p.detach()).reshape(p.shape[0], -1).all(1) for p in model.parameters()]).all(0)
 
 
 def decoy_fits(runs, decoy: int, lengths, n_samples: int = 512) -> dict:
@@ -213,13 +228,16 @@ def summary_rows(summaries: dict, lengths_x: tuple = (1, 2, 4, 16)) -> list[dict
                 row[f"RoPE {m}x"] = f"{s.rope_accuracy[:, j].mean():.2f}"
         j2 = s.lengths.index(2 * train_len)
         row["APE 2x"] = f"{s.ape_accuracy[:, j2].mean():.2f}"
-        row["margin"] = f"{s.margin.median():.1f}"
-        row["moved"] = f"{s.travelled.median():.2f}"
+        ok = ~(s.margin.isnan() | s.travelled.isnan())  # diverged heads have none
+        row["margin"] = f"{s.margin[ok].median():.1f}" if ok.any() else "-"
+        row["moved"] = f"{s.travelled[ok].median():.2f}" if ok.any() else "-"
         fit = s.rope_fit.tolist()
         early = [a is not None and a <= 4 * train_len for a, f in zip(s.first_alias, fit) if f]
         row["alias <= 4x"] = f"{sum(early) / len(early):.2f}" if early else "-"
-        row["C AUC"] = f"{s.alignment_auc:.2f}"
-        row["cos c_mm"] = f"{s.cos_mm.median():.2f} ({s.cos_mm_null.median():.2f})"
+        row["C AUC"] = f"{s.alignment_auc:.2f}" if s.alignment_auc is not None else "-"
+        cos = s.cos_mm[~s.cos_mm.isnan()]
+        row["cos c_mm"] = (f"{cos.median():.2f}" if cos.numel() else "-") + f" ({s.cos_mm_null.median():.2f})"
+        row["diverged"] = f"{s.rope_diverged}/{s.ape_diverged}"
         rows.append(row)
     return rows
 
@@ -268,6 +286,7 @@ def score_predictions(summaries: dict, train_len: int, chance: float) -> dict:
     fitted_ape = torch.cat([s.ape_accuracy[s.ape_fit, j2] for s in summaries.values()])
     fitted_rope = torch.cat([s.rope_accuracy[s.rope_fit, j2] for s in summaries.values()])
     p1 = max(s.ape_unseen_drift for s in summaries.values())
+    diverged = sum(s.ape_diverged for s in summaries.values())
     p2, p2_null = near_chance(fitted_ape, chance).mean(), near_chance(fitted_rope, chance).mean()
     p3 = {cell_label(c): float((s.rope_accuracy[s.rope_fit, j2] >= 0.9).double().mean())
           for c, s in summaries.items() if c[1] == 1.0 and s.rope_fit.any()}
@@ -275,7 +294,8 @@ def score_predictions(summaries: dict, train_len: int, chance: float) -> dict:
     p4_p = ib.sign_test_p(int((pairs > 0).sum()), int((pairs != 0).sum()), 0.5)
     p5 = {cell_label(c): mm_auc(s) for c, s in summaries.items() if s.rope_fit.any()}
     scores = [
-        (f"largest change of an unseen APE row: {p1}", p1 == 0.0),
+        (f"largest change of an unseen APE row: {p1}" + (f" ({diverged} diverged APE heads left out)" if diverged
+                                                          else ""), p1 == 0.0),
         (f"fitted APE heads near chance at 2x: {p2:.2f} (RoPE: {p2_null:.2f})", bool(p2 == 1.0 and p2_null < 1.0)),
         ("fitted RoPE heads >= 0.9 at 2x: " + ", ".join(f"{k} {v:.2f}" for k, v in p3.items()),
          all(v >= 0.8 for v in p3.values())),
