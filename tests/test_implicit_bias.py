@@ -45,6 +45,66 @@ def test_max_margin_kernel_has_unit_margin_and_peaks_at_the_target(offset):
     assert ib.window_margin(0.99 * s, offset, 16).item() < 1.0
 
 
+def brute_force_linf_min(g: torch.Tensor, h: torch.Tensor, d: int) -> float:
+    """The least ``max_i |c_i|`` with ``g c >= h`` by enumerating the LP's vertices (a tiny programme only).
+
+    Variables ``(c, t)``; the optimum of ``min t`` is attained at a vertex: ``d + 1`` of the constraints
+    ``g c >= h``, ``t - c_i >= 0``, ``t + c_i >= 0`` tight.
+    """
+    eye = torch.eye(d, dtype=torch.float64)
+    a = torch.cat([torch.cat([g, torch.zeros(g.shape[0], 1, dtype=torch.float64)], 1),
+                   torch.cat([-eye, torch.ones(d, 1, dtype=torch.float64)], 1),
+                   torch.cat([eye, torch.ones(d, 1, dtype=torch.float64)], 1)])
+    b = torch.cat([h, torch.zeros(2 * d, dtype=torch.float64)])
+    best = math.inf
+    for rows in itertools.combinations(range(a.shape[0]), d + 1):
+        sub = a[list(rows)]
+        if torch.linalg.matrix_rank(sub) < d + 1:
+            continue
+        x = torch.linalg.solve(sub, b[list(rows)])
+        if bool((a @ x >= b - 1e-9).all()):
+            best = min(best, float(x[-1]))
+    return best
+
+
+def test_linf_max_margin_kernel_matches_a_vertex_enumeration_on_a_tiny_window():
+    # d_head 4 (two pairs), window of 6: five margin rows and eight box rows, C(13, 5) vertices
+    g = ib.margin_constraints(2, 6, d_head=4)
+    expected = brute_force_linf_min(g, torch.ones(g.shape[0], dtype=torch.float64), 4)
+    c = ib.linf_max_margin_kernel(2, 6, d_head=4)
+    assert c.abs().max().item() == pytest.approx(expected, rel=1e-6)
+    assert bool((g @ c >= 1 - 1e-7).all())
+
+
+def test_linf_max_margin_kernel_by_hand_on_one_pair():
+    # one pair (d_head 2, theta = 1), window of 3, target k = 1, s(D) = a cos D + b sin D. The margins:
+    #   over D = 0:  a (cos 1 - 1) - b sin 1 >= 1            (wants b < 0)
+    #   over D = -2: a (cos 1 - cos 2) + b (sin 2 - sin 1) >= 1   (wants a > 0)
+    # At the optimum b = -t and both margins are tight: a = (1 - t (sin 1 - sin 2)) / (cos 1 - cos 2) from the
+    # second, and the first gives t* = (1 + r) / (sin 1 + r (sin 1 - sin 2)), r = (1 - cos 1) / (cos 1 - cos 2).
+    c1, c2, s1, s2 = math.cos(1), math.cos(2), math.sin(1), math.sin(2)
+    r = (1 - c1) / (c1 - c2)
+    t = (1 + r) / (s1 + r * (s1 - s2))
+    a = (1 - t * (s1 - s2)) / (c1 - c2)
+    assert abs(a) < t  # b, not a, sits on the box
+    c = ib.linf_max_margin_kernel(1, 3, d_head=2)
+    torch.testing.assert_close(c, torch.tensor([a, -t], dtype=torch.float64), atol=1e-6, rtol=1e-6)
+    assert ib.window_margin(ib.kernel_values(c, 3, d_head=2), 1, 3).item() == pytest.approx(1.0, abs=1e-6)
+    g = ib.margin_constraints(1, 3, d_head=2)
+    assert brute_force_linf_min(g, torch.ones(2, dtype=torch.float64), 2) == pytest.approx(t, rel=1e-9)
+
+
+@pytest.mark.parametrize("offset", [1, 3, 5])
+def test_linf_max_margin_kernel_has_unit_margin_and_least_max_coefficient(offset):
+    c = ib.linf_max_margin_kernel(offset, 16)
+    s = ib.kernel_values(c, 16)
+    assert ib.window_margin(s, offset, 16).item() >= 1 - 1e-6
+    # the l2 max-margin kernel also has a unit margin, so its max |c_i| cannot be smaller
+    assert ib.max_margin_kernel(offset, 16).abs().max().item() >= c.abs().max().item() - 1e-7
+    with pytest.raises(ValueError, match="offset"):
+        ib.linf_max_margin_kernel(16, 16)
+
+
 def test_decoy_kernel_fits_the_window_and_beats_the_target_at_the_decoy():
     c = ib.decoy_kernel(3, 16, 24, margin=8.0)
     s = ib.kernel_values(c, 32)
@@ -166,3 +226,24 @@ def test_chapter_5c_figure_and_table_read_their_cells():
     assert row["cell"] == "Adam" and row["RoPE 2x"] == "0.75" and row["alias <= 4x"] == "0.50"
     assert row["APE fit"] == "0.50" and row["margin"] == "2.0"  # torch's median of two is the lower
     assert ch05c.cell_label(("gradient descent", 0.1)) == "gradient descent, init x0.1"
+
+
+def test_chapter_5c_summary_counts_diverged_heads_and_leaves_them_out():
+    # gradient descent at init x10 (full profile) diverges: every parameter NaN; the summary must not crash on
+    # it nor let a NaN head fit, and the table says how many diverged
+    from lengthgen_utils.book import ch05c
+    from lengthgen_utils.run.runners import run_sweep
+
+    sweep = RetrievalSweep(pes=("rope", "ape"), offsets=(1, 3), n_seeds=2, steps=2, batch_size=8, eval_samples=16,
+                           length_multiples=(1, 2), vocab_size=16, train_len=16)
+    runs = run_sweep(sweep, cache=False)
+    for pe in ("rope", "ape"):
+        with torch.no_grad():
+            next(runs.where(pe=pe).model.parameters())[0].fill_(float("nan"))  # head (k=1, seed 0) diverged
+    s = ch05c.summarise(runs, n_null=8)
+    assert s.rope_diverged == 1 and s.ape_diverged == 1
+    assert not bool(s.rope_fit[0]) and not bool(s.ape_fit[0])
+    assert s.alignment_auc is not None and math.isfinite(s.alignment_auc)
+    assert math.isfinite(s.ape_unseen_drift)
+    (row,) = ch05c.summary_rows({("gradient descent", 10.0): s})
+    assert row["diverged"] == "1/1" and row["margin"] != "nan" and "nan" not in row["cos c_mm"]

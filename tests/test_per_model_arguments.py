@@ -161,7 +161,8 @@ ONE_VALUE = {
                "ch07.carrier_stats",  # chapter 7: one delayed-copy run, one offset for all its models
                "predictions.predict", "predictions.load_prediction",  # one head's setting, no model
                "implicit_bias.margin_constraints", "implicit_bias.max_margin_kernel",
-               "implicit_bias.decoy_kernel"},  # chapter 5c: one closed-form kernel, one offset
+               "implicit_bias.decoy_kernel",
+               "implicit_bias.linf_max_margin_kernel"},  # chapter 5c: one closed-form kernel, one offset
     "seeds": {  # a result's record, filled by the runner
               "live.accuracy_panel"},  # the range of a live panel's seed slider
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows

@@ -114,6 +114,45 @@ def max_margin_kernel(offset: int, train_len: int, d_head: int = 16, base: float
     return solve_min_norm(g, torch.ones(g.shape[0], dtype=torch.float64))
 
 
+def linf_max_margin_kernel(offset: int, train_len: int, d_head: int = 16, base: float = 10000.0) -> Tensor:
+    """The l-infinity max-margin kernel: the least ``max_i |c_i|`` with ``s(-k) - s(D) >= 1`` for every other ``D``.
+
+    The l-infinity analogue of :func:`max_margin_kernel`, the direction steepest descent in the l-infinity
+    norm (sign descent) converges to on a model linear in ``c`` and separable data (Gunasekar et al. 2018,
+    *Characterizing implicit bias in terms of optimization geometry*). The linear programme
+    ``min t  s.t.  G c >= 1, -t <= c_i <= t`` (scipy's HiGHS) can have many solutions; of them this returns
+    the one of least l2 norm (a second, strictly convex programme with ``|c_i| <= t*``), so the kernel is
+    unique.
+
+    Args:
+        offset, train_len, d_head, base: as :func:`margin_constraints`.
+
+    Returns:
+        float64 ``[d_head]`` in the order of :func:`~lengthgen_utils.core.rope.rope_kernel_features`;
+        ``max |c_i|`` is the programme's optimum ``t*``.
+
+    Raises:
+        ValueError / TypeError: as :func:`margin_constraints`; an infeasible programme.
+    """
+    from scipy.optimize import linprog
+
+    g = margin_constraints(offset, train_len, d_head, base)
+    n, d = g.shape
+    # variables [c (d), t]; G c >= 1 -> -G c <= -1; c_i - t <= 0; -c_i - t <= 0
+    eye = np.eye(d)
+    a_ub = np.block([[-g.numpy(), np.zeros((n, 1))], [eye, -np.ones((d, 1))], [-eye, -np.ones((d, 1))]])
+    b_ub = np.concatenate([-np.ones(n), np.zeros(2 * d)])
+    result = linprog(np.r_[np.zeros(d), 1.0], A_ub=a_ub, b_ub=b_ub, bounds=[(None, None)] * (d + 1),
+                     method="highs")
+    if result.status != 0:
+        raise ValueError(f"the l-infinity max-margin programme has no solution here: {result.message}")
+    t = float(result.x[-1]) * (1 + 1e-9) + 1e-12
+    box = torch.cat([torch.eye(d, dtype=torch.float64), -torch.eye(d, dtype=torch.float64)])
+    rows = torch.cat([g, box])
+    bounds = torch.cat([torch.ones(n, dtype=torch.float64), torch.full((2 * d,), -t, dtype=torch.float64)])
+    return solve_min_norm(rows, bounds)
+
+
 def decoy_kernel(offset: int, train_len: int, decoy: int, margin: float, d_head: int = 16,
                  base: float = 10000.0) -> Tensor:
     """The smallest kernel that fits the window with ``margin`` and puts a decoy ``margin`` above the target.

@@ -82,15 +82,22 @@ class CellSummary:
     ape_fit: torch.Tensor
     margin: torch.Tensor  # RoPE window margin (nats) [heads]
     travelled: torch.Tensor  # RoPE |w - w0| / |w0| [heads]
-    alignment_auc: float  # RoPE C (variation weights) against untrained heads of the same init
+    alignment_auc: float | None  # RoPE C (variation weights), finite heads, against untrained heads (None: none finite)
     cos_mm: torch.Tensor  # RoPE cosine with the max-margin kernel of the head's offset [heads]
     cos_mm_null: torch.Tensor  # the same for untrained heads
     first_alias: list  # RoPE, tolerance 0, up to 4096 (None: none)
-    ape_unseen_drift: float  # largest change of an APE row >= train_len
+    ape_unseen_drift: float  # largest change of an APE row >= train_len, over the finite APE heads
+    rope_diverged: int = 0  # RoPE heads whose parameters are no longer finite (training diverged)
+    ape_diverged: int = 0
 
 
 def summarise(runs, n_null: int = 64) -> CellSummary:
-    """Every per-cell measure of the chapter, from one cell's :class:`~lengthgen_utils.run.results.Runs`."""
+    """Every per-cell measure of the chapter, from one cell's :class:`~lengthgen_utils.run.results.Runs`.
+
+    A head whose training diverged (a non-finite parameter: gradient descent at init x10 in ``full``) has
+    NaN margin and cosine and chance accuracy; it is counted (``rope_diverged``, ``ape_diverged``), never
+    fits, and is left out of the alignment AUC and the unseen rows' drift.
+    """
     rope, ape = runs.where(pe="rope"), runs.where(pe="ape")
     train_len = runs.experiment.train_len
     ks = rope.offsets
@@ -104,17 +111,25 @@ def summarise(runs, n_null: int = 64) -> CellSummary:
     null_ks = [ks[i % len(ks)] for i in range(n_null)]
     align = kernel.measures(model, ks, train_len).alignment_variation
     align_null = kernel.measures(null, null_ks, train_len).alignment_variation
+    finite, ape_finite = _finite_heads(model), _finite_heads(ape.model)
+    drift = table_drift(ape.model, ape.initial_model())[ape_finite, train_len:]
     return CellSummary(
         rope_accuracy=rope.accuracy, ape_accuracy=ape.accuracy, lengths=list(runs.lengths), offsets=list(ks),
-        rope_fit=rope.accuracy[:, 0] >= FIT, ape_fit=ape.accuracy[:, 0] >= FIT,
+        rope_fit=(rope.accuracy[:, 0] >= FIT) & finite, ape_fit=(ape.accuracy[:, 0] >= FIT) & ape_finite,
         margin=ib.window_margin(s, ks, train_len),
         travelled=ib.distance_travelled(model, rope.initial_model()),
-        alignment_auc=separation_auc(align, align_null),
+        alignment_auc=separation_auc(align[finite], align_null) if finite.any() else None,
         cos_mm=cosine_similarity(c, c_mm),
         cos_mm_null=cosine_similarity(c_null, torch.stack([mm[k] for k in null_ks])),
         first_alias=kernel.first_alias(model, ks, train_len, 4096, tolerance=0.0),
-        ape_unseen_drift=float(table_drift(ape.model, ape.initial_model())[:, train_len:].max()),
+        ape_unseen_drift=float(drift.max()) if drift.numel() else 0.0,
+        rope_diverged=int((~finite).sum()), ape_diverged=int((~ape_finite).sum()),
     )
+
+
+def _finite_heads(model) -> torch.Tensor:
+    """bool ``[M]``: every parameter of the ensemble's model finite."""
+    return torch.stack([torch.isfinite(p.detach()).reshape(p.shape[0], -1).all(1) for p in model.parameters()]).all(0)
 
 
 def decoy_fits(runs, decoy: int, lengths, n_samples: int = 512) -> dict:
@@ -213,12 +228,82 @@ def summary_rows(summaries: dict, lengths_x: tuple = (1, 2, 4, 16)) -> list[dict
                 row[f"RoPE {m}x"] = f"{s.rope_accuracy[:, j].mean():.2f}"
         j2 = s.lengths.index(2 * train_len)
         row["APE 2x"] = f"{s.ape_accuracy[:, j2].mean():.2f}"
-        row["margin"] = f"{s.margin.median():.1f}"
-        row["moved"] = f"{s.travelled.median():.2f}"
+        ok = ~(s.margin.isnan() | s.travelled.isnan())  # diverged heads have none
+        row["margin"] = f"{s.margin[ok].median():.1f}" if ok.any() else "-"
+        row["moved"] = f"{s.travelled[ok].median():.2f}" if ok.any() else "-"
         fit = s.rope_fit.tolist()
         early = [a is not None and a <= 4 * train_len for a, f in zip(s.first_alias, fit) if f]
         row["alias <= 4x"] = f"{sum(early) / len(early):.2f}" if early else "-"
-        row["C AUC"] = f"{s.alignment_auc:.2f}"
-        row["cos c_mm"] = f"{s.cos_mm.median():.2f} ({s.cos_mm_null.median():.2f})"
+        row["C AUC"] = f"{s.alignment_auc:.2f}" if s.alignment_auc is not None else "-"
+        cos = s.cos_mm[~s.cos_mm.isnan()]
+        row["cos c_mm"] = (f"{cos.median():.2f}" if cos.numel() else "-") + f" ({s.cos_mm_null.median():.2f})"
+        row["diverged"] = f"{s.rope_diverged}/{s.ape_diverged}"
         rows.append(row)
     return rows
+
+
+def near_chance(accuracy: torch.Tensor, chance: float, within: float = 0.15) -> torch.Tensor:
+    """``|accuracy - chance| <= within`` per head, as float64 0/1 (the predictions' "near chance")."""
+    return ((torch.as_tensor(accuracy, dtype=torch.float64) - chance).abs() <= within).double()
+
+
+def mm_auc(s: CellSummary) -> float:
+    """AUC of a cell's fitted RoPE heads' cosines with the l2 max-margin kernel against untrained heads'."""
+    return separation_auc(s.cos_mm[s.rope_fit], s.cos_mm_null)
+
+
+def max_margin_reach(offsets, train_len: int, gap_offset: int = 3, horizon: int = 4096) -> dict:
+    """How far the l2 max-margin kernel extrapolates, from the frequencies alone.
+
+    Returns:
+        dict: ``alias`` ``{k: first alias of c_mm up to horizon (tolerance 0), or None}`` for each offset,
+        ``gap`` (at ``gap_offset``: the target's smallest lead over a key at distance ``train_len ..
+        4 train_len``, in units of the unit margin) and ``gap_distance`` (where it is smallest).
+    """
+    alias = {k: kernel.first_alias(ib.kernel_values(ib.max_margin_kernel(k, train_len), horizon + 1), k,
+                                   train_len, tolerance=0.0)[0] for k in offsets}
+    by_distance = ib.kernel_values(ib.max_margin_kernel(gap_offset, train_len), 4 * train_len + 1).flip(1)[0]
+    gap = by_distance[gap_offset] - by_distance[train_len:]  # target minus each key beyond the window
+    return dict(alias=alias, gap=float(gap.min()), gap_distance=int(gap.argmin()) + train_len)
+
+
+def score_predictions(summaries: dict, train_len: int, chance: float) -> dict:
+    """Score the committed predictions (:data:`PREDICTIONS_FILE`) on a run's cells, each against its null.
+
+    Args:
+        summaries: ``{(rule, init scale): CellSummary}``; it must hold ``("Adam", 1.0)`` and
+            ``("gradient descent", 1.0)`` (P4 pairs them head by head).
+        train_len, chance: the training length (2x and 4x are read at its multiples) and chance accuracy.
+
+    Returns:
+        dict: ``rows`` (one per prediction: id, statement, score, held), ``held`` (how many held),
+        ``fitted_ape_2x`` (every fitted APE head's accuracy at 2x, every cell) and ``ape_unseen_drift``
+        (P1's largest change of an unseen APE row).
+    """
+    preds = json.loads(PREDICTIONS_FILE.read_text())["predictions"]
+    adam, gd = summaries[("Adam", 1.0)], summaries[("gradient descent", 1.0)]
+    j2, j4 = adam.lengths.index(2 * train_len), adam.lengths.index(4 * train_len)
+    fitted_ape = torch.cat([s.ape_accuracy[s.ape_fit, j2] for s in summaries.values()])
+    fitted_rope = torch.cat([s.rope_accuracy[s.rope_fit, j2] for s in summaries.values()])
+    p1 = max(s.ape_unseen_drift for s in summaries.values())
+    diverged = sum(s.ape_diverged for s in summaries.values())
+    p2, p2_null = near_chance(fitted_ape, chance).mean(), near_chance(fitted_rope, chance).mean()
+    p3 = {cell_label(c): float((s.rope_accuracy[s.rope_fit, j2] >= 0.9).double().mean())
+          for c, s in summaries.items() if c[1] == 1.0 and s.rope_fit.any()}
+    pairs = adam.rope_accuracy[:, j4] - gd.rope_accuracy[:, j4]  # same (offset, seed)
+    p4_p = ib.sign_test_p(int((pairs > 0).sum()), int((pairs != 0).sum()), 0.5)
+    p5 = {cell_label(c): mm_auc(s) for c, s in summaries.items() if s.rope_fit.any()}
+    scores = [
+        (f"largest change of an unseen APE row: {p1}" + (f" ({diverged} diverged APE heads left out)" if diverged
+                                                          else ""), p1 == 0.0),
+        (f"fitted APE heads near chance at 2x: {p2:.2f} (RoPE: {p2_null:.2f})", bool(p2 == 1.0 and p2_null < 1.0)),
+        ("fitted RoPE heads >= 0.9 at 2x: " + ", ".join(f"{k} {v:.2f}" for k, v in p3.items()),
+         all(v >= 0.8 for v in p3.values())),
+        (f"Adam - gradient descent at 4x: {float(pairs.mean()):+.3f} (sign test p = {p4_p:.3f})",
+         bool(pairs.mean() > 0 and p4_p < 0.05)),
+        ("AUC of cosines with c_mm: " + ", ".join(f"{k} {v:.2f}" for k, v in p5.items()),
+         all(v > 0.5 for v in p5.values())),
+    ]
+    rows = [{"id": p["id"], "prediction": p["statement"], "score": sc, "held": "yes" if ok else "no"}
+            for (sc, ok), p in zip(scores, preds)]
+    return dict(rows=rows, held=sum(ok for _, ok in scores), fitted_ape_2x=fitted_ape, ape_unseen_drift=p1)
