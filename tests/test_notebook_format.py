@@ -19,3 +19,20 @@ def test_notebook_code_is_formatted_to_88_columns():
     assert done.returncode == 0, (
         "notebooks not formatted (run `ruff format --line-length 88 chapters scoreboard.ipynb`):\n"
         + done.stdout[-3000:] + done.stderr[-2000:])
+
+
+def test_no_code_line_is_longer_than_88_columns():
+    """ruff's formatter does not split long strings, so a long f-string line passes the
+    formatter yet scrolls sideways in the page's code column (about 88 characters at
+    1280 px)."""
+    import json
+
+    long = []
+    for name in NOTEBOOKS:
+        for cell in json.loads((ROOT / name).read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            for line in "".join(cell["source"]).splitlines():
+                if len(line) > 88:
+                    long.append(f"{name} ({cell.get('id')}): {len(line)} columns: {line[:60]!r}")
+    assert not long, "code lines over 88 columns:\n" + "\n".join(long)
