@@ -341,7 +341,7 @@ def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, widt
     """At a desktop (1280 px) and a phone (400 px) width, no text element of any figure (title, axis titles, tick
     labels, legend, annotations, slider and colour-bar labels) is cut by the figure's box or overlaps another, no
     annotation's text covers a drawn line, marker or bar of the data, and the toolbar, shown on hover, covers no
-    title or legend text."""
+    title or legend text. Each figure is screenshotted at that width into ``artifacts/screenshots/<width>px/``."""
     page, errors, blocked = open_page(browser, page_name, dark=False, width=width)
     try:
         problems = []
@@ -351,6 +351,9 @@ def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, widt
             boxes = page.evaluate(TEXT_BOXES_JS, i)
             problems += [f"figure {i}: {p}" for p in layout_problems(boxes)]
             problems += [f"figure {i}: {p}" for p in page.evaluate(ANNOTATION_DATA_JS, i)]
+            # each figure as a reader sees it at this width, to look at (artifacts/screenshots/<width>px/)
+            (SCREENSHOTS / f"{width}px").mkdir(parents=True, exist_ok=True)
+            gd.screenshot(path=str(SCREENSHOTS / f"{width}px" / f"{page_name.replace('/', '__')}-fig{i:02d}.png"))
             gd.hover(position={"x": boxes["width"] - 3, "y": boxes["height"] - 3})  # outside the plot area
             page.wait_for_timeout(150)
             bar = page.evaluate("(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];"
