@@ -84,6 +84,48 @@ def test_content_head_refuses_what_it_cannot_do():
     assert isinstance(model.subset([0]), ContentRetrievalHead)
 
 
+def test_logit_table_gathers_to_the_forward_logits():
+    """The table of every (query token, key position, key token) logit, read at each sequence's tokens, is the
+    logit forward() softmaxes (up to the softmax's constant per row)."""
+    head = ContentRetrievalHead(n_models=2, seeds=[3, 4])
+    tokens = _tokens(b=6, seq_len=12)
+    with torch.no_grad():
+        table = head.logit_table(12)  # [M, V+1, L, V+1]
+        _, attn = head(tokens)
+    assert table.shape == (2, 17, 12, 17)
+    # the query is the marker token 16; key j of sequence b holds tokens[b, j]
+    s = torch.stack([table[m, 16, torch.arange(12), tokens[b]] for m in range(2) for b in range(6)]).reshape(2, 6, 12)
+    assert torch.allclose(s.softmax(-1), attn, atol=1e-6)
+    with pytest.raises(ValueError, match="seq_len"):
+        head.logit_table(0)
+
+
+def test_outranked_beyond_window_matches_sampled_sequences():
+    """The share read from the weights equals the share of sampled 2x sequences in which some key at distance
+    >= train_len gets more attention than the target (untrained heads, whose kernels are random)."""
+    from lengthgen_utils.analysis.probes import outranked_beyond_window
+
+    head = ContentRetrievalHead(n_models=3, seeds=[0, 1, 2], init_scale=1.0)
+    train_len, offsets, n = 8, [1, 2, 3], 20000
+    predicted = outranked_beyond_window(head, offsets, train_len)
+    seq_len = 2 * train_len
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 16, (n, seq_len), generator=g)
+    tokens[:, -1] = 16
+    with torch.no_grad():
+        _, attn = head(tokens)  # [M, n, L]
+    for m, k in enumerate(offsets):
+        target = attn[m, :, seq_len - 1 - k]
+        beyond = attn[m, :, : seq_len - train_len].amax(-1)
+        sampled = float((beyond > target).double().mean())
+        assert abs(sampled - float(predicted[m])) < 0.02, (m, sampled, float(predicted[m]))
+    assert 0.0 < float(predicted.min()) and float(predicted.max()) < 1.0  # a test that could tell
+    with pytest.raises(TypeError, match="ContentRetrievalHead"):
+        outranked_beyond_window(RetrievalHead(), 1, 8)
+    with pytest.raises(ValueError, match="offsets"):
+        outranked_beyond_window(head, [1, 2, 8], 8)
+
+
 def test_vote_of_a_one_hot_readout_is_its_accuracy_and_the_mass_is_the_row():
     """A KernelHead's values are one-hot: its readout is the vote, so the two accuracies agree exactly on the
     same sequences; for a position-only head the vote's mean target mass is the attention row's."""

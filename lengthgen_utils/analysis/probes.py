@@ -670,3 +670,47 @@ def copying_head_reads(model, task, pairs, seq_len: int, train_len: int, alias, 
         out.append([int(hit[:, before].sum()), int(before.sum()) * hit.shape[0],
                     int(hit[:, ~before].sum()), int((~before).sum()) * hit.shape[0]])
     return torch.tensor(out)
+
+
+def outranked_beyond_window(model, offsets, train_len: int) -> Tensor:
+    """Per content-aware head: the share of sequences of twice the training length in which a key beyond
+    the training window outranks the target in the query's logits.
+
+    A :class:`~lengthgen_utils.core.models.ContentRetrievalHead` has one kernel per (query token, key token)
+    pair (:meth:`~lengthgen_utils.core.models.ContentRetrievalHead.logit_table`); the task's query is the
+    marker token ``V``. At length ``L = 2 * train_len`` the keys at distance ``d >= train_len`` from the query
+    are ones no training sequence had. For a target token ``y`` and such a key ``j``, the share of key tokens
+    ``v`` with ``s(j, v) > s(target, y)`` is the chance that key outranks the target; with independent,
+    uniform tokens the share of sequences in which none does is their product over ``j``::
+
+        outranked = 1 - mean_y prod_j (1 - #{v : s(j, v) > s(L-1-k, y)} / V)
+
+    Args:
+        model: a ``ContentRetrievalHead`` ensemble (M heads) whose task's tokens are ``0 .. V-1`` and
+            whose query is the marker ``V`` (:class:`~lengthgen_utils.core.tasks.FixedOffsetRetrieval`).
+        offsets: the task offset ``k`` of every head (one int, or M ints), ``1 <= k < train_len``.
+        train_len: the longest training length (tokens, >= 2).
+
+    Returns:
+        float64 ``[M]`` on CPU, in ``[0, 1]``.
+
+    Raises:
+        TypeError: ``model`` has no ``logit_table`` (a position-only head: use chapter 4's alias instead).
+        ValueError / TypeError: bad ``offsets`` or ``train_len``; ``2 * train_len`` beyond APE's table.
+
+    Source: chapter 5b, "Why the ordinary head fails at 2x" (our construction).
+    """
+    if not hasattr(model, "logit_table"):
+        raise TypeError(f"outranked_beyond_window needs a ContentRetrievalHead; got {type(model).__name__}")
+    train_len = check_int("train_len", train_len, minimum=2)
+    ks = per_model_ints("offsets", offsets, model.n_models, minimum=1, maximum=train_len - 1)
+    seq_len, vocab = 2 * train_len, model.config.vocab_size
+    with torch.no_grad():
+        table = model.logit_table(seq_len)[:, vocab, :, :vocab].double().cpu()  # [M, L, V]: query = marker
+    out = []
+    for m, k in enumerate(ks):
+        target = table[m, seq_len - 1 - k]  # [V]: the target's logit per target token y
+        beyond = table[m, : seq_len - train_len]  # [L - train_len, V]: keys at distance >= train_len
+        beats = (beyond[None, :, :] > target[:, None, None]).double().mean(-1)  # [y, j]: chance key j outranks
+        out.append(1.0 - (1.0 - beats).prod(-1).mean())
+    return torch.stack(out)

@@ -11,7 +11,7 @@ import torch
 
 from .._validate import check_int
 from ..analysis.kernel import dilution_law_fit, measures, offset_kernel, predicted_alias_distance
-from ..analysis.probes import accuracy_transition
+from ..analysis.probes import accuracy_transition, outranked_beyond_window
 from ..analysis.theory import balanced_agreement, critical_target_mass, mean_field_parameters, separation_auc
 from ..core.tasks import FixedOffsetRetrieval
 from ..run.evaluation import attention_vote
@@ -476,6 +476,43 @@ def below_flags(reports: dict, content: bool, weight_decay: float, step: int, mu
             col = rep["lengths"].index(multiple * rep["lengths"][0])
             flags += (rep["accuracy"][:, col] < FIT_LEVEL).tolist()
     return flags
+
+
+def content_outranking(results: dict, step: int) -> dict:
+    """Per content cell, per head: what decides whether a key beyond the window outranks the target at 2x.
+
+    Args:
+        results: ``{(content, base, weight_decay): Runs}`` (:func:`~lengthgen_utils.run.runners.run_regime_map`).
+        step: the snapshot read.
+
+    Returns:
+        ``{(base, weight_decay): {name: float64 [M]}}`` with ``outranked`` (the share of 2x sequences in which
+        a key beyond the window outranks the target,
+        :func:`~lengthgen_utils.analysis.probes.outranked_beyond_window`), ``accuracy_2x`` (measured),
+        ``position_margin`` (nats: the target's logit above the largest logit beyond the window, each averaged
+        over the key's token) and ``token_spread`` (nats: the standard deviation of a key's logit over its
+        token, averaged over the keys of the window).
+
+    Source: chapter 5b, "Why the ordinary head fails at 2x".
+    """
+    out = {}
+    for (content, base, wd), runs in results.items():
+        if not content:
+            continue
+        at, lengths = runs.by("step")[step], [int(L) for L in runs.lengths]
+        ks, train_len = [int(k) for k in at.offsets], lengths[0]
+        vocab, seq_len = at.model.config.vocab_size, 2 * train_len
+        with torch.no_grad():  # the query is the marker token: [M, L, V] over (key position, key token)
+            table = at.model.logit_table(seq_len)[:, vocab, :, :vocab].double().cpu()
+        position = table.mean(-1)  # [M, L]: the token averaged out
+        target = position[torch.arange(len(ks)), [seq_len - 1 - k for k in ks]]  # [M]
+        out[(base, wd)] = {
+            "outranked": outranked_beyond_window(at.model, ks, train_len),
+            "accuracy_2x": at.accuracy.double()[:, lengths.index(seq_len)],
+            "position_margin": target - position[:, : seq_len - train_len].amax(-1),
+            "token_spread": table[:, seq_len - train_len : seq_len - 1].std(-1).mean(-1),
+        }
+    return out
 
 
 def crossing_null(law_half, fall) -> float:

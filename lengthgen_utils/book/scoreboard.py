@@ -55,7 +55,7 @@ CLAIMS = {
 
 SUBCLAIMS = {
     "C1.content-aware head": "C1's scope: the same task with the ordinary head, whose queries and keys see the "
-                             "token (chapter 5b), trained with the book's recipe, no weight decay.",
+                             "token (chapter 5b), trained with the book's recipe, without and with weight decay.",
     "C4.aligned": "C4, first half: the learned RoPE kernel is aligned with the target offset (with the book's "
                   "recipe: training adds it, implicitly).",
     "C4.low rank": "C4, second half: the learned RoPE kernel is low rank beyond what RoPE's frequencies force at "

@@ -408,16 +408,26 @@ class ContentRetrievalHead(RetrievalHead):
             raise ValueError(f"ContentRetrievalHead attends with softmax only; got attention={attention!r}")
         super().__init__(vocab_size, d_model, d_head, pe, attention, max_len, n_models, seeds, init_scale)
 
-    def _content_scores(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """Attention logits of the query over every key of each sequence: ``[M, B, L]`` (on arguments
-        :meth:`forward` checked).
+    def logit_table(self, seq_len: int) -> Tensor:
+        """Every logit the query at the last position can give a key: ``[M, V+1, L, V+1]``, indexed by
+        (the query's token, the key's position, the key's token), at positions ``0 .. seq_len - 1``.
 
-        Args:
-            tokens: ``[B, L]`` or ``[M, B, L]`` token ids (checked by :meth:`forward`).
-            positions: ``[L]`` integer positions on the CPU.
+        A position-only head has one kernel over the offset; this head has one per (query token, key
+        token) pair, and training shapes them only inside its window (chapter 5b reads beyond it).
+
+        Raises:
+            ValueError / TypeError: ``seq_len`` not an integer in ``1 .. max_len`` (APE).
+
+        Source: chapter 5b, "Why the ordinary head fails at 2x".
         """
+        seq_len = check_int("seq_len", seq_len, minimum=1)
+        positions = torch.arange(seq_len)
+        self.check_positions(positions)
+        return self._logit_table(positions)
+
+    def _logit_table(self, positions: Tensor) -> Tensor:
+        """:meth:`logit_table` at ``positions`` ``[L]`` (checked by the caller)."""
         m, n_tokens, seq_len = self.n_models, self.config.vocab_size + 1, positions.shape[0]
-        toks = tokens.expand(m, *tokens.shape[-2:]) if tokens.dim() == 2 else tokens  # [M, B, L]
         x = self.u[:, None, :] + self.embed  # [M, V+1, d_model]: each token's input before the position
         q = torch.einsum("mvd,mhd->mvh", x, self.w_q)[:, :, None, :]  # [M, V+1, 1, d_head]: per query token
         k = torch.einsum("mvd,mhd->mvh", x, self.w_k)[:, :, None, :]  # [M, V+1, 1, d_head]: per key token
@@ -428,7 +438,19 @@ class ContentRetrievalHead(RetrievalHead):
         q = self.encoding.rotate(q, positions[-1:])[:, :, 0]  # [M, V+1, d_head]
         k = self.encoding.rotate(k.expand(m, n_tokens, seq_len, -1), positions)  # [M, V+1, L, d_head]
         # every (query token, key position, key token) logit: [M, V+1, L, V+1], small next to [M, B, L, d_head]
-        table = torch.einsum("muh,mvlh->mulv", q, k) / math.sqrt(self.config.d_head)
+        return torch.einsum("muh,mvlh->mulv", q, k) / math.sqrt(self.config.d_head)
+
+    def _content_scores(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Attention logits of the query over every key of each sequence: ``[M, B, L]`` (on arguments
+        :meth:`forward` checked).
+
+        Args:
+            tokens: ``[B, L]`` or ``[M, B, L]`` token ids (checked by :meth:`forward`).
+            positions: ``[L]`` integer positions on the CPU.
+        """
+        m, n_tokens, seq_len = self.n_models, self.config.vocab_size + 1, positions.shape[0]
+        toks = tokens.expand(m, *tokens.shape[-2:]) if tokens.dim() == 2 else tokens  # [M, B, L]
+        table = self._logit_table(positions)  # [M, V+1, L, V+1]
         where = (toks[..., -1:] * seq_len + torch.arange(seq_len, device=toks.device)) * n_tokens + toks
         s = table.reshape(m, -1).gather(1, where.reshape(m, -1)).reshape(toks.shape)  # [M, B, L]
         bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
