@@ -36,3 +36,20 @@ def test_no_code_line_is_longer_than_88_columns():
                 if len(line) > 88:
                     long.append(f"{name} ({cell.get('id')}): {len(line)} columns: {line[:60]!r}")
     assert not long, "code lines over 88 columns:\n" + "\n".join(long)
+
+
+def test_no_cell_is_longer_than_35_lines_but_the_checks_cell():
+    """A page's code comes in cells a reader takes in at once; only a chapter's final checks cell (which
+    asserts every claim of the page in one place) may be longer. Move what a longer cell computes into
+    the chapter's module in ``lengthgen_utils.book`` (or ``analysis`` when it is science)."""
+    import json
+
+    long = []
+    for name in NOTEBOOKS:
+        code = [c for c in json.loads((ROOT / name).read_text())["cells"] if c["cell_type"] == "code"]
+        for i, cell in enumerate(code):
+            source = "".join(cell["source"])
+            is_checks = i == len(code) - 1 and "Checks(" in source
+            if not is_checks and len(source.splitlines()) > 35:
+                long.append(f"{name} ({cell.get('id')}): {len(source.splitlines())} lines")
+    assert not long, "code cells over 35 lines outside the checks cell:\n" + "\n".join(long)

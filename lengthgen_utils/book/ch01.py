@@ -1,4 +1,5 @@
-"""Chapter 1, the retrieval task: which RoPE seeds fail at 8x and 16x, predicted before the long run.
+"""Chapter 1, the retrieval task: the explorer's numbers for the prose, and which RoPE seeds fail at 8x and
+16x, predicted before the long run.
 
 The committed predictions (:mod:`~lengthgen_utils.analysis.predictions`, read from the file) give every
 distance at which a head with the book's frequency set can alias. Which of them a given head does alias
@@ -74,3 +75,64 @@ def committed_failures(model, offsets, lengths, accuracy, train_len: int, d_head
                                                                    .tolist())) / len(ks) for _ in range(n_null)])
     p = permutation_p(sum(agree) / len(agree), null)
     return dict(predicted=predicted, measured=measured, earliest=earliest, agree=agree, null_agree=null, p=p)
+
+
+def below_clause(n: int, total: int, level: float = 0.95) -> str:
+    """How many of ``total`` seeds are below ``level``, as a clause: 'all 8 seeds are at 0.95 or above',
+    'one of the 8 seeds is below 0.95', '3 of the 8 seeds are below 0.95', 'all 8 seeds are below 0.95'."""
+    if n == 0:
+        return f"all {total} seeds are at {level} or above"
+    if n == total:
+        return f"all {total} seeds are below {level}"
+    if n == 1:
+        return f"one of the {total} seeds is below {level}"
+    return f"{n} of the {total} seeds are below {level}"
+
+
+def explorer_numbers(grid: dict, offsets) -> dict:
+    """The numbers chapter 1's prose quotes from its explorer, ``{name: value}`` (glued as ``ch1_grid_<name>``).
+
+    ``grid`` maps a training length T to the sweep trained on it (``run_sweep`` over ``offsets`` and the
+    encodings rope, ape and nope), evaluated at whole multiples of T. Accuracies are per seed; the panel of
+    (T, k) is one training length and one offset. Names and values are those the chapter glues: APE's panel
+    means at 1x and at 4x/16x, RoPE panels whose mean at 4x prints as 1.00, the first multiple where a
+    RoPE seed is below 0.95 per training length, APE seeds that do not fit, NoPE's means at 1x for T = 8, 32.
+    """
+    def acc(T, pe, k, multiple):  # (n_seeds,) accuracy of pe, offset k, trained on T, at multiple x T
+        g = grid[T]
+        return g.where(pe=pe, offset=k).accuracy[:, g.lengths.index(multiple * T)]
+
+    train_lens = list(grid)
+    panels = [(T, k) for T in train_lens for k in offsets]
+    ape_1x = [float(acc(T, "ape", k, 1).mean()) for T, k in panels]
+    ape_far = [float(acc(T, "ape", k, m).mean()) for T, k in panels for m in (4, 16)]
+    out = {
+        "panels": len(panels),
+        "ape_1x_min": min(ape_1x), "ape_1x_max": max(ape_1x),
+        "ape_far_min": min(ape_far), "ape_far_max": max(ape_far),
+        # panels whose RoPE mean at 4x prints as 1.00
+        "rope_4x_full": sum(float(acc(T, "rope", k, 4).mean()) >= 0.995 for T, k in panels),
+    }
+    phrases = []  # per training length: the multiples where a panel first has a seed < 0.95
+    for T in train_lens:
+        firsts = []
+        for k in offsets:
+            below = [L // T for L in grid[T].lengths if (acc(T, "rope", k, L // T) < 0.95).any()]
+            firsts += below[:1]
+        lo, hi = (min(firsts), max(firsts)) if firsts else (None, None)
+        phrases.append(f"no failure when trained on {T}" if lo is None
+                       else f"{lo}x ({lo * T} tokens) when trained on {T}" if lo == hi
+                       else f"{lo}x to {hi}x ({lo * T} to {hi * T} tokens) when trained on {T}")
+    out["first_fail"] = ", ".join(phrases)
+    n_seeds = len(acc(8, "rope", 5, 4))
+    out["8k5_below_4x"] = below_clause(int((acc(8, "rope", 5, 4) < 0.95).sum()), n_seeds)
+    unfit = [(T, k, int((acc(T, "ape", k, 1) < 0.95).sum()), float(acc(T, "ape", k, 1).mean()))
+             for T, k in panels]
+    out["ape_unfit"] = "; ".join(
+        f"{'one seed' if c == 1 else f'{c} seeds'} at training length {T}, k = {k} "
+        f"(the panel's mean at 1x is {m:.2f})" for T, k, c, m in unfit if c
+    ) or "no APE seed is below 0.95 at 1x in any panel"
+    for T in (8, 32):
+        nope_1x = [float(acc(T, "nope", k, 1).mean()) for k in offsets]
+        out[f"nope_{T}_min"], out[f"nope_{T}_max"] = min(nope_1x), max(nope_1x)
+    return out

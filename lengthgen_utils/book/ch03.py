@@ -10,6 +10,7 @@ from ..analysis.probes import attention_argmax, attention_at, pinned_position
 from ..core.encodings import LearnedAPE
 from .sliders import _check_panels, slider_figure
 from .style import PALETTE, rgba
+from .tables import Table
 
 
 def pin_summary(model, test_lengths, train_len: int, longest: int | None = None) -> dict:
@@ -39,6 +40,24 @@ def pin_summary(model, test_lengths, train_len: int, longest: int | None = None)
     inside = (attention_argmax(model, test_lengths) < train_len).double().mean(1)
     weight = attention_at(model, position, [longest])[:, 0]
     return dict(position=position, share=share, inside=inside, weight=weight)
+
+
+def pin_table(pins: dict, longest: int):
+    """The pin table of chapter 3: one row per training setting.
+
+    ``pins`` maps a setting's name to :func:`pin_summary`'s dict for its seeds; ``longest`` is the length
+    (tokens) at which the weight on the pin was read. Rows list the pinned position and the weight per seed,
+    and the shares (of test lengths at the pin, of argmaxes inside the training range) as min..max or min.
+    """
+    return Table.from_rows(
+        [{"training": name,
+          "pinned position": " ".join(map(str, v["position"].tolist())),
+          "share of lengths": f"{v['share'].min():.2f}..{v['share'].max():.2f}",
+          "inside the range": f"{v['inside'].min():.2f}",
+          f"weight on the pin at L = {longest}": " ".join(f"{w:.3f}" for w in v["weight"].tolist())}
+         for name, v in pins.items()],
+        caption="Per seed (positions, weights) or min..max over the seeds (shares)",
+    )
 
 
 def argmax_histogram(counts, train_len: int, marker_position: int | None, title: str,

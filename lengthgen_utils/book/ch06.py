@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from .figures import _log_x_marker
 from .style import PALETTE
+from .tables import Table
 
 
 def predicted_vs_measured(curves: dict, train_len: int, title: str,
@@ -81,3 +82,25 @@ def add_reference_curves(fig: go.Figure, curves: dict, colors: dict | None = Non
                                  line=dict(color=color, width=2, dash="dash"), marker=dict(symbol="diamond"),
                                  customdata=lengths, hovertemplate="L=%{customdata:d}: %{y:.3f}<extra></extra>"))
     return fig
+
+
+def kernel_error_table(kernels: dict, lengths, train_len: int, nu, short: dict, caption: str):
+    """Chapter 6's table of direct kernel heads: predicted against measured squared error per length.
+
+    ``kernels`` maps a frequency set's name to its kernel-head result (``predicted_squared_error [n]``,
+    ``squared_error [n_seeds, n]`` over ``lengths``, in tokens); ``nu [n]`` is the noise ratio of the
+    well-conditioned c* per length; ``short`` gives each name's column prefix. Per length and kernel: the
+    predicted / measured (seed mean) error, and the predicted error added per relative position beyond the
+    window, (error(L) - error(train_len)) / (L - train_len).
+    """
+    rows = []
+    for col, L in enumerate(lengths):
+        row = {"L": L}
+        for name, k in kernels.items():
+            pred = k.predicted_squared_error
+            row[f"{short[name]}: pred. / meas."] = f"{pred[col]:.3f} / {k.squared_error[:, col].mean():.3f}"
+            row[f"{short[name]}: per D"] = (
+                f"{(pred[col] - pred[0]) / (L - train_len):.3f}" if L > train_len else "")
+        row["ν(L) of c*"] = f"{nu[col]:.2f}"
+        rows.append(row)
+    return Table.from_rows(rows, caption=caption)

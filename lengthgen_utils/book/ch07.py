@@ -259,3 +259,40 @@ def copying_head_table(carriers: dict, trained_heads: dict) -> Table:
     return Table(["k", "copying head (layer.head), per seed", "window peak d", "fit R² (min)", "top-2 pairs"], rows,
                  caption="The copying head of each seed, where its mean logit peaks in the window, the carrier fit "
                  "and its two pairs of largest variation")
+
+
+def carrier_numbers(stats: dict, trained_heads: dict, carriers: dict, top2_auc: dict) -> dict:
+    """The carrier numbers chapter 7's prose quotes, ``{name: value}`` (glued as ``ch7_carrier_<name>``).
+
+    ``stats`` maps an offset k to :func:`carrier_stats` (per measure, per group "trained" / "rule" /
+    "conditioned": a tensor over heads); ``trained_heads`` to :func:`copying_head_fit`; ``carriers`` to the
+    head carriers; ``top2_auc`` maps a null group to the copying heads' top-2 AUC against it. For C variation
+    and C raw: the trained range, the larger null's 95th percentile (highest over k) and how many copying
+    heads lie above it; the nulls' median range; how many untrained heads reach the least aligned copying
+    head at their offset; the smallest fit R²; which frequency pairs the copying heads keep as their top 2.
+    """
+    offsets = list(stats)
+
+    def pooled(name, group):
+        return torch.cat([stats[k][name][group] for k in offsets])
+
+    out = {}
+    for name, key in (("C variation", "cvar"), ("C raw", "craw")):
+        bars = {k: max(stats[k][name][g].quantile(0.95).item() for g in ("rule", "conditioned"))
+                for k in offsets}
+        out[f"{key}_min"] = pooled(name, "trained").min().item()
+        out[f"{key}_max"] = pooled(name, "trained").max().item()
+        out[f"{key}_null95"] = max(bars.values())
+        out[f"{key}_above"] = sum(int((stats[k][name]["trained"] > bars[k]).sum()) for k in offsets)
+    medians = [stats[k]["C variation"][g].quantile(0.5).item() for k in offsets for g in ("rule", "conditioned")]
+    out["cvar_null_median_min"], out["cvar_null_median_max"] = min(medians), max(medians)
+    for g in ("rule", "conditioned"):  # untrained heads as aligned as the least aligned copying head
+        cvar = {k: stats[k]["C variation"] for k in offsets}
+        out[f"reach_{g}"] = sum(int((cvar[k][g] >= cvar[k]["trained"].min()).sum()) for k in offsets)
+    out["r2_min"] = min(trained_heads[k][1].min().item() for k in offsets)
+    top2 = [p for v in copying_head_top2(carriers, trained_heads).values() for p in v]
+    out["top2"] = ", ".join(f"{i} and {j} in {top2.count((i, j))}"
+                                for (i, j) in sorted(set(top2), key=lambda p: -top2.count(p)))
+    out["copying_heads"] = len(top2)
+    out["top2_auc_min"] = min(top2_auc.values())
+    return out
