@@ -1,5 +1,5 @@
-"""The analysis that chapters 2, 3, 4, 5 and 7 call from their modules (book/ch02.py, ch03.py, ch04.py, ch05.py,
-ch07.py): each function on a tiny hand-built input with a known answer, and its bad input refused naming the
+"""The analysis that chapters 1, 2, 3, 4, 5 and 7 call from their modules (book/ch01.py, ch02.py, ch03.py, ch04.py,
+ch05.py, ch07.py): each function on a tiny hand-built input with a known answer, and its bad input refused naming the
 argument."""
 from types import SimpleNamespace
 
@@ -10,7 +10,7 @@ import torch
 from lengthgen_utils.analysis import kernel, theory
 from lengthgen_utils.analysis.kernel import CarrierMeasures, CarrierSpectrum
 from lengthgen_utils.analysis.probes import copying_heads
-from lengthgen_utils.book import ch02, ch03, ch04, ch05, ch07
+from lengthgen_utils.book import ch01, ch02, ch03, ch04, ch05, ch07
 from lengthgen_utils.core.models import RetrievalHead
 from lengthgen_utils.run.configs import RetrievalExperiment
 from lengthgen_utils.run.runners import untrained_heads
@@ -29,6 +29,41 @@ def _measures(values):
     """CarrierMeasures whose every scalar measure is ``values`` (peak distance 1)."""
     v = torch.as_tensor(values, dtype=torch.float64)
     return CarrierMeasures(v, v, v, v, v, v, torch.ones(len(v), dtype=torch.long))
+
+
+# ================================================================ chapter 1
+def _grid_sweep(T, accuracy):
+    """A stand-in for a sweep trained on T: ``accuracy[(pe, k)]`` is [seeds, multiples 1, 2, 4, 16]."""
+    lengths = [m * T for m in (1, 2, 4, 16)]
+    return SimpleNamespace(lengths=lengths, where=lambda pe, offset: SimpleNamespace(
+        accuracy=torch.tensor(accuracy[(pe, offset)], dtype=torch.float64)))
+
+
+def test_explorer_numbers_read_panels_first_failures_and_unfitted_seeds():
+    holds = [[1.0, 1.0, 1.0, 1.0]] * 2
+    grid = {T: _grid_sweep(T, {
+        ("rope", 1): holds,
+        ("rope", 5): [[1.0, 1.0, 0.5, 0.2], [1.0, 0.9, 1.0, 0.3]] if T == 8 else holds,  # T = 8: 2x, 4x
+        ("ape", 1): [[1.0, 0.1, 0.1, 0.1], [0.5, 0.1, 0.1, 0.1]] if T == 32 else [[1.0, 0.1, 0.1, 0.1]] * 2,
+        ("ape", 5): [[1.0, 0.2, 0.1, 0.1]] * 2,
+        ("nope", 1): [[0.3, 0.1, 0.1, 0.1]] * 2, ("nope", 5): [[0.2, 0.1, 0.1, 0.1]] * 2,
+    }) for T in (8, 32)}
+    out = ch01.explorer_numbers(grid, (1, 5))
+    assert out["panels"] == 4
+    assert out["ape_1x_min"] == pytest.approx(0.75) and out["ape_1x_max"] == 1.0
+    assert out["ape_far_min"] == pytest.approx(0.1) and out["ape_far_max"] == pytest.approx(0.1)
+    assert out["rope_4x_full"] == 3  # T = 8, k = 5 has a mean of 0.75 at 4x
+    assert out["first_fail"] == "2x (16 tokens) when trained on 8, no failure when trained on 32"
+    assert out["8k5_below_4x"] == "one of the 2 seeds is below 0.95"
+    assert out["ape_unfit"] == "one seed at training length 32, k = 1 (the panel's mean at 1x is 0.75)"
+    assert (out["nope_8_min"], out["nope_8_max"]) == pytest.approx((0.2, 0.3))
+
+
+def test_below_clause_says_how_many_seeds_are_below_the_level():
+    assert ch01.below_clause(0, 8) == "all 8 seeds are at 0.95 or above"
+    assert ch01.below_clause(1, 8) == "one of the 8 seeds is below 0.95"
+    assert ch01.below_clause(3, 8) == "3 of the 8 seeds are below 0.95"
+    assert ch01.below_clause(8, 8) == "all 8 seeds are below 0.95"
 
 
 # ================================================================ chapter 2
