@@ -357,7 +357,8 @@ def offset_margin_profiles(curves: dict, train_len: int, offset: int, title: str
                       row=row, col=col)
         fig.add_vline(x=-offset, line=dict(color="black", dash="dot", width=1), row=row, col=col)
         fig.add_hline(y=0, line=dict(color="black", width=1), row=row, col=col)
-        fig.update_xaxes(title="D = j − m (tokens)" if row == n_rows else None, row=row, col=col)
+        # "D (tokens)": "D = j − m (tokens)" runs into its neighbour and past the edge at 400 px; the caption says D = j − m
+        fig.update_xaxes(title="D (tokens)" if row == n_rows else None, row=row, col=col)
         fig.update_yaxes(title="margin (logits)" if col == 1 else None, row=row, col=col)
     fig.update_layout(title=title, height=150 + 210 * n_rows, margin=dict(t=110))
     return fig
