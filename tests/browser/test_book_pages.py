@@ -11,7 +11,9 @@ At a desktop (1280 px) and a phone (400 px) window, no page may be wider than th
 window (``document.documentElement.scrollWidth``), no text of a figure may be
 clipped or overlap other text, and no annotation's text may cover a drawn data
 mark (a trace's line, marker or bar): labels of reference lines belong in the
-legend.
+legend. These layout checks (and, at 1280 px, the notation of axis titles and
+the width of code cells) run on one load of each page per window width: a page
+load with its figures and MathJax is most of the test's time.
 
 The live panels (lengthgen_utils.book.live) are tested on their pages: each slider, moved with the keyboard,
 must make the page retrain in its Web Worker and redraw a different, finite figure, both when the page
@@ -21,7 +23,7 @@ printed at the end (run pytest with ``-s`` to see them).
 
 It needs the built book and Chromium, so it runs only when
 ``LENGTHGEN_BROWSER_TEST=1`` (set by ``.ci/run`` after building the book with
-``LENGTHGEN_PROFILE=quick jupyter-book build .``); then a missing build or
+``jupyter-book build .``); then a missing build or
 browser FAILS the test instead of skipping it. Chromium is Debian's
 ``chromium`` package (``LENGTHGEN_CHROMIUM`` overrides the path), driven by
 Playwright's Python client.
@@ -318,59 +320,6 @@ def test_dark_mode_keeps_figures_readable(browser, page_name):
         page.context.close()
 
 
-@needs_browser
-@pytest.mark.parametrize("width", [1280, 400])
-@pytest.mark.parametrize("page_name", PAGES)
-def test_page_is_no_wider_than_the_window(browser, page_name, width):
-    """At a desktop (1280 px) and a phone (400 px) window, the page does not scroll sideways: nothing (a line of
-    inline code, a figure, a table outside its scrolling box) is wider than the window."""
-    page, errors, blocked = open_page(browser, page_name, dark=False, width=width)
-    try:
-        dims = page.evaluate(PAGE_WIDTH_JS)
-        assert dims["scroll"] <= dims["window"], (
-            f"{page_name} at {width} px is {dims['scroll']} px wide (window {dims['window']} px); sticking out:\n  "
-            + "\n  ".join(dims["wide"]))
-    finally:
-        page.context.close()
-
-
-@needs_browser
-@pytest.mark.parametrize("width", [1280, 400])
-@pytest.mark.parametrize("page_name", PAGES)
-def test_figure_text_is_neither_clipped_nor_overlapping(browser, page_name, width):
-    """At a desktop (1280 px) and a phone (400 px) width, no text element of any figure (title, axis titles, tick
-    labels, legend, annotations, slider and colour-bar labels) is cut by the figure's box or overlaps another, no
-    annotation's text covers a drawn line, marker or bar of the data, and the toolbar, shown on hover, covers no
-    title or legend text. Each figure is screenshotted at that width into ``artifacts/screenshots/<width>px/``."""
-    page, errors, blocked = open_page(browser, page_name, dark=False, width=width)
-    try:
-        problems = []
-        for i in range(page.evaluate("document.querySelectorAll('.js-plotly-plot').length")):
-            gd = page.locator(".js-plotly-plot").nth(i)
-            gd.scroll_into_view_if_needed()
-            boxes = page.evaluate(TEXT_BOXES_JS, i)
-            problems += [f"figure {i}: {p}" for p in layout_problems(boxes)]
-            problems += [f"figure {i}: {p}" for p in page.evaluate(ANNOTATION_DATA_JS, i)]
-            # each figure as a reader sees it at this width, to look at (artifacts/screenshots/<width>px/)
-            (SCREENSHOTS / f"{width}px").mkdir(parents=True, exist_ok=True)
-            gd.screenshot(path=str(SCREENSHOTS / f"{width}px" / f"{page_name.replace('/', '__')}-fig{i:02d}.png"))
-            gd.hover(position={"x": boxes["width"] - 3, "y": boxes["height"] - 3})  # outside the plot area
-            page.wait_for_timeout(150)
-            bar = page.evaluate("(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];"
-                                " const m = gd.querySelector('.modebar'); if (!m || getComputedStyle(m).opacity === '0')"
-                                " return null; const r = m.getBoundingClientRect(), f = gd.getBoundingClientRect();"
-                                " return {x0: r.left - f.left, y0: r.top - f.top, x1: r.right - f.left,"
-                                " y1: r.bottom - f.top}; }", i)
-            if bar is not None:
-                covered = [t for t in boxes["texts"] if t["kind"] in ("gtitle", "legendtext", "annotation")
-                           and min(t["x1"], bar["x1"]) - max(t["x0"], bar["x0"]) > 1
-                           and min(t["y1"], bar["y1"]) - max(t["y0"], bar["y0"]) > 1]
-                problems += [f"figure {i}: the toolbar covers {t['kind']} {t['text']!r}" for t in covered]
-        assert not problems, f"{page_name} at {width} px:\n  " + "\n  ".join(problems[:40])
-    finally:
-        page.context.close()
-
-
 # Per figure: its axis titles (every axis of the layout and of every slider step's relayout) and its sliders' step
 # labels and "slider value" annotations (a slider of many steps names its current step in one).
 NOTATION_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
@@ -425,32 +374,73 @@ def test_notation_problems_finds_retired_symbols_and_index_labels():
     assert len(found) == 5, found
 
 
+def wide_page(page) -> list[str]:
+    """The page scrolls sideways: nothing (a line of inline code, a figure, a table outside its scrolling box)
+    may be wider than the window."""
+    dims = page.evaluate(PAGE_WIDTH_JS)
+    if dims["scroll"] <= dims["window"]:
+        return []
+    return [f"the page is {dims['scroll']} px wide (window {dims['window']} px); sticking out: " + "; ".join(dims["wide"])]
+
+
+def figure_text_problems(page, page_name: str, width: int) -> list[str]:
+    """No text element of any figure (title, axis titles, tick labels, legend, annotations, slider and colour-bar
+    labels) is cut by the figure's box or overlaps another, no annotation's text covers a drawn line, marker or
+    bar of the data, and the toolbar, shown on hover, covers no title or legend text. Each figure is
+    screenshotted at this width into ``artifacts/screenshots/<width>px/``."""
+    problems = []
+    (SCREENSHOTS / f"{width}px").mkdir(parents=True, exist_ok=True)
+    for i in range(page.evaluate("document.querySelectorAll('.js-plotly-plot').length")):
+        gd = page.locator(".js-plotly-plot").nth(i)
+        gd.scroll_into_view_if_needed()
+        boxes = page.evaluate(TEXT_BOXES_JS, i)
+        problems += [f"figure {i}: {p}" for p in layout_problems(boxes)]
+        problems += [f"figure {i}: {p}" for p in page.evaluate(ANNOTATION_DATA_JS, i)]
+        # each figure as a reader sees it at this width, to look at (artifacts/screenshots/<width>px/)
+        gd.screenshot(path=str(SCREENSHOTS / f"{width}px" / f"{page_name.replace('/', '__')}-fig{i:02d}.png"))
+        gd.hover(position={"x": boxes["width"] - 3, "y": boxes["height"] - 3})  # outside the plot area
+        page.wait_for_timeout(150)
+        bar = page.evaluate("(i) => { const gd = document.querySelectorAll('.js-plotly-plot')[i];"
+                            " const m = gd.querySelector('.modebar'); if (!m || getComputedStyle(m).opacity === '0')"
+                            " return null; const r = m.getBoundingClientRect(), f = gd.getBoundingClientRect();"
+                            " return {x0: r.left - f.left, y0: r.top - f.top, x1: r.right - f.left,"
+                            " y1: r.bottom - f.top}; }", i)
+        if bar is not None:
+            covered = [t for t in boxes["texts"] if t["kind"] in ("gtitle", "legendtext", "annotation")
+                       and min(t["x1"], bar["x1"]) - max(t["x0"], bar["x0"]) > 1
+                       and min(t["y1"], bar["y1"]) - max(t["y0"], bar["y0"]) > 1]
+            problems += [f"figure {i}: the toolbar covers {t['kind']} {t['text']!r}" for t in covered]
+    return problems
+
+
+def wide_code_cells(page) -> list[str]:
+    """The notebooks' code is formatted to 88 columns: every code cell (hidden ones opened, which changes the
+    page, so this runs last) shows its longest line without a horizontal scroll bar."""
+    cells = page.evaluate(CODE_WIDTH_JS)
+    return [f"of {len(cells)} code cells, one scrolls sideways: {c['scroll']} > {c['client']} px ({c['first']!r})"
+            for c in cells if c["scroll"] > c["client"] + 1]
+
+
 @needs_browser
+@pytest.mark.parametrize("width", [1280, 400])
 @pytest.mark.parametrize("page_name", PAGES)
-def test_figures_keep_the_notation_and_label_sliders_by_value(browser, page_name):
-    """No axis title says "j − i" or "key position n" (notation.md: the key is j, the query m, D = j − m), in any
-    slider step either; slider steps are labelled by their values (numbers or names), never "7 of 31" or 1..N."""
+def test_page_layout_at_desktop_and_phone_width(browser, page_name, width):
+    """The page, loaded once at a desktop (1280 px) and once at a phone (400 px) window, is no wider than the
+    window and no figure's text is clipped or overlapping (:func:`wide_page`, :func:`figure_text_problems`);
+    at 1280 px, too, the figures keep the notation (no axis title says "j − i" or "key position n"; notation.md:
+    the key is j, the query m, D = j − m, in any slider step either), slider steps are labelled by their values
+    (numbers or names), never "7 of 31" or 1..N, and no code cell scrolls sideways (:func:`wide_code_cells`)."""
     from lengthgen_utils.book.render import SLIDER_LABELS_MAX
 
-    page, errors, blocked = open_page(browser, page_name, dark=False)
+    page, errors, blocked = open_page(browser, page_name, dark=False, width=width)
     try:
-        problems = notation_problems(page.evaluate(NOTATION_JS), SLIDER_LABELS_MAX)
-        assert not problems, f"{page_name}:\n  " + "\n  ".join(problems[:40])
-    finally:
-        page.context.close()
-
-
-@needs_browser
-@pytest.mark.parametrize("page_name", PAGES)
-def test_code_cells_do_not_scroll_sideways_at_1280_px(browser, page_name):
-    """The notebooks' code is formatted to 88 columns; at a 1280 px window every code cell (hidden ones opened)
-    shows its longest line without a horizontal scroll bar."""
-    page, errors, blocked = open_page(browser, page_name, dark=False, width=1280)
-    try:
-        cells = page.evaluate(CODE_WIDTH_JS)
-        wide = [c for c in cells if c["scroll"] > c["client"] + 1]
-        assert not wide, f"{page_name}: {len(wide)} of {len(cells)} code cells scroll sideways at 1280 px: " + \
-            "; ".join(f"{c['scroll']} > {c['client']} px ({c['first']!r})" for c in wide[:5])
+        problems = [f"width: {p}" for p in wide_page(page)]
+        problems += [f"figure text: {p}" for p in figure_text_problems(page, page_name, width)]
+        if width == 1280:
+            problems += [f"notation: {p}" for p in notation_problems(page.evaluate(NOTATION_JS), SLIDER_LABELS_MAX)]
+            problems += [f"code: {p}" for p in wide_code_cells(page)]
+        problems += [f"JavaScript: {e}" for e in errors] + [f"request to the network: {u}" for u in blocked]
+        assert not problems, f"{page_name} at {width} px:\n  " + "\n  ".join(problems[:40])
     finally:
         page.context.close()
 
