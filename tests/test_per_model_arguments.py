@@ -18,6 +18,7 @@ from lengthgen_utils.core.models import (
     ContentRetrievalHead,
     KernelHead,
     RetrievalHead,
+    SingleHead,
     Transformer,
 )
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
@@ -103,6 +104,7 @@ PER_MODEL = [
      lambda v: probes.position_table_gradient(_head(LearnedAPE()), v, [8], batch_size=4), [TASK] * M),
     ("tasks.as_task_list", "task", lambda v: tasks.as_task_list(v, M), [TASK] * M),
     ("models.RetrievalHead", "seeds", lambda v: RetrievalHead(n_models=M, seeds=v), [4, 5, 6]),
+    ("models.SingleHead", "seeds", lambda v: SingleHead(n_models=M, seeds=v), [4, 5, 6]),
     ("models.KernelHead", "seeds", lambda v: KernelHead(n_models=M, seeds=v), [4, 5, 6]),
     ("models.ContentRetrievalHead", "seeds", lambda v: ContentRetrievalHead(n_models=M, seeds=v), [4, 5, 6]),
     ("models.ContentRetrievalHead.forward", "tokens",

@@ -199,7 +199,48 @@ class RetrievalHeadConfig(Normalized):
         self.pe.check(self.d_head, 1)
 
 
-class RetrievalHead(EnsembleModel):
+class SingleHead(EnsembleModel):
+    """What the two single retrieval heads share: their parameters, initialisation and value path.
+
+    :class:`RetrievalHead` (queries and keys see the position only) and :class:`ContentRetrievalHead` (they
+    see the token too) are siblings with the same parameters, so one's weights load into the other; each
+    defines its own attention. Arguments and parameters: see :class:`RetrievalHead`.
+    """
+
+    def __init__(self, vocab_size: int = 16, d_model: int = 32, d_head: int = 16, pe="rope",
+                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None,
+                 init_scale: float = 1.0):
+        super().__init__()
+        self.config = RetrievalHeadConfig(vocab_size, d_model, d_head, pe, attention, max_len, init_scale)
+        self.seeds = _seeds(seeds, n_models)
+        gens = [generator(s) for s in self.seeds]
+        self.embed = _normal(gens, vocab_size + 1, d_model, std=1.0)
+        self.u = _normal(gens, d_model, std=1.0)
+        self.w_q = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
+        self.w_k = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
+        self.w_v = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
+        self.w_o = _normal(gens, d_head, vocab_size, std=d_head ** -0.5, transpose=True)
+        self._init_encoding(self.config.pe, len(self.seeds), d_model, max_len, 1, gens)
+        if self.config.init_scale != 1.0:
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.mul_(self.config.init_scale)
+
+    def value_table(self) -> Tensor:
+        """Class logits contributed by each input token at unit attention: ``E W_V^T W_O^T``, ``[M, V+1, V]``."""
+        return self.embed @ self.w_v.transpose(1, 2) @ self.w_o.transpose(1, 2)
+
+    def select(self, index: int) -> "SingleHead":
+        """A one-model copy of ensemble member ``index`` (for checks and plots)."""
+        return self.subset([check_int("index", index, minimum=0, maximum=self.n_models - 1)])
+
+    def _fresh(self, seeds: list[int]) -> "SingleHead":
+        cfg = self.config
+        return type(self)(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
+                          n_models=len(seeds), seeds=seeds, init_scale=cfg.init_scale)
+
+
+class RetrievalHead(SingleHead):
     """The single attention head of the fixed-offset retrieval task (chapter 1).
 
     Queries and keys see no token content: their input is a learned constant
@@ -240,25 +281,6 @@ class RetrievalHead(EnsembleModel):
         ValueError / TypeError: any argument out of range (e.g. odd ``d_head`` with RoPE, an unknown
         encoding name), at construction; a position the encoding cannot cover at ``forward``.
     """
-
-    def __init__(self, vocab_size: int = 16, d_model: int = 32, d_head: int = 16, pe="rope",
-                 attention: str = "softmax", max_len: int = 256, n_models: int = 1, seeds=None,
-                 init_scale: float = 1.0):
-        super().__init__()
-        self.config = RetrievalHeadConfig(vocab_size, d_model, d_head, pe, attention, max_len, init_scale)
-        self.seeds = _seeds(seeds, n_models)
-        gens = [generator(s) for s in self.seeds]
-        self.embed = _normal(gens, vocab_size + 1, d_model, std=1.0)
-        self.u = _normal(gens, d_model, std=1.0)
-        self.w_q = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
-        self.w_k = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
-        self.w_v = _normal(gens, d_model, d_head, std=d_model ** -0.5, transpose=True)
-        self.w_o = _normal(gens, d_head, vocab_size, std=d_head ** -0.5, transpose=True)
-        self._init_encoding(self.config.pe, len(self.seeds), d_model, max_len, 1, gens)
-        if self.config.init_scale != 1.0:
-            with torch.no_grad():
-                for p in self.parameters():
-                    p.mul_(self.config.init_scale)
 
     def queries_keys(self, positions: Tensor, encoding: Encoding | None = None) -> tuple[Tensor, Tensor]:
         """The query and the key a token at each of ``positions`` would emit (encoding applied).
@@ -327,10 +349,6 @@ class RetrievalHead(EnsembleModel):
         return elu_linear_weights(q, k, lambda f: self.encoding.rotate(f, positions[-1:]),
                                   lambda f: self.encoding.rotate(f, positions))[:, 0]
 
-    def value_table(self) -> Tensor:
-        """Class logits contributed by each input token at unit attention: ``E W_V^T W_O^T``, ``[M, V+1, V]``."""
-        return self.embed @ self.w_v.transpose(1, 2) @ self.w_o.transpose(1, 2)
-
     def forward(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` for ``tokens [B, L]`` or ``[M, B, L]``.
@@ -344,15 +362,6 @@ class RetrievalHead(EnsembleModel):
                              "finite (a NaN or inf score bias or weight): refusing to read it out")
         logits = readout(attn, tokens, self.value_table())
         return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
-
-    def select(self, index: int) -> "RetrievalHead":
-        """A one-model copy of ensemble member ``index`` (for checks and plots)."""
-        return self.subset([check_int("index", index, minimum=0, maximum=self.n_models - 1)])
-
-    def _fresh(self, seeds: list[int]) -> "RetrievalHead":
-        cfg = self.config
-        return RetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
-                             n_models=len(seeds), seeds=seeds, init_scale=cfg.init_scale)
 
     def with_attention(self, attention: str) -> "RetrievalHead":
         """A copy with the same weights whose attention row uses another normaliser (chapter 6's test-time swap).
@@ -370,7 +379,7 @@ class RetrievalHead(EnsembleModel):
         return copy.eval() if not self.training else copy
 
 
-class ContentRetrievalHead(RetrievalHead):
+class ContentRetrievalHead(SingleHead):
     """The ordinary single head: queries and keys see the token as well as the position (the regime map).
 
     :class:`RetrievalHead` gives queries and keys a learned constant input, so every key of a length gets
@@ -381,9 +390,10 @@ class ContentRetrievalHead(RetrievalHead):
         s_j = q . k_j / sqrt(d_head) + bias(L-1, j),   a = softmax(s),   logits = W_O sum_j a_j W_V E[x_j]
 
     so the logit of key ``j`` depends on its token: a distractor whose token the query favours
-    competes with the target, the comparable distractors a dilution law is about. The value path is
-    :class:`RetrievalHead`'s (its ``value_table``), and the parameters are the same, so a
-    :class:`RetrievalHead`'s weights load into this head and back. With RoPE every logit still
+    competes with the target, the comparable distractors a dilution law is about. The two heads are
+    siblings (:class:`SingleHead`): the same parameters and value path (``value_table``), so a
+    :class:`RetrievalHead`'s weights load into this head and back. This head has no position-only
+    attention row (``scores``, ``attention_row``): its row differs per sequence. With RoPE every logit still
     depends on the positions only through the offset ``j - (L-1)`` (chapter 2's argument, per token).
 
     Args:
@@ -472,35 +482,6 @@ class ContentRetrievalHead(RetrievalHead):
         if not bool(torch.isfinite(attn).all()):
             raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")
         return readout(attn, tokens, self.value_table()), attn
-
-    def _position_only(self, name: str):
-        raise TypeError(f"ContentRetrievalHead.{name}: this head's attention depends on the tokens, so it has no "
-                        "position-only row or kernel; use forward(tokens), which returns one row per sequence")
-
-    def queries_keys(self, positions, encoding=None):
-        """Refused (``TypeError``): keys depend on tokens; see :meth:`forward`."""
-        self._position_only("queries_keys")
-
-    def scores(self, seq_len, position_shift=0, positions=None):
-        """Refused (``TypeError``): logits depend on tokens; see :meth:`forward`."""
-        self._position_only("scores")
-
-    def attention_row(self, seq_len, position_shift=0, logit_scale=1.0, positions=None):
-        """Refused (``TypeError``): one row per sequence; see :meth:`forward`."""
-        self._position_only("attention_row")
-
-    def _fresh(self, seeds: list[int]) -> "ContentRetrievalHead":
-        cfg = self.config
-        return ContentRetrievalHead(cfg.vocab_size, cfg.d_model, cfg.d_head, cfg.pe, cfg.attention, cfg.max_len,
-                                    n_models=len(seeds), seeds=seeds, init_scale=cfg.init_scale)
-
-    def with_attention(self, attention: str):
-        """Refused: this head attends with softmax only.
-
-        Raises:
-            ValueError: always.
-        """
-        raise ValueError(f"ContentRetrievalHead attends with softmax only; got attention={attention!r}")
 
 
 # ---------------------------------------------------------------- the direct kernel head (chapter 6)

@@ -22,7 +22,7 @@ from ..analysis.theory import (expected_squared_error, gradient_descent_kernel, 
                                min_norm_interpolant, squared_loss_quadratic, trained_relative_positions)
 from ..core.encodings import get_encoding
 from ..core.fast import FastTransformer
-from ..core.models import ContentRetrievalHead, KernelHead, LinearRNN, RetrievalHead
+from ..core.models import ContentRetrievalHead, KernelHead, LinearRNN, RetrievalHead, SingleHead
 from ..core.rope import kernel_frequencies, rope_kernel_features
 from ..core.tasks import as_task_list
 from .cache import load_or_run, load_or_run_many
@@ -232,7 +232,7 @@ class _LogLengthTrainingHead(RetrievalHead):
         return super().forward(tokens, position_shift, scale, positions)
 
 
-def _snapshot_head(config: SnapshotSweep, seeds, training: bool = False) -> RetrievalHead:
+def _snapshot_head(config: SnapshotSweep, seeds, training: bool = False) -> SingleHead:
     """The untrained heads of ``config`` with initialisation ``seeds`` (one per model): content heads with
     ``config.content``; in training with ``config.length_temperature``, the log-length-scaled head."""
     sweep = config.sweep
