@@ -28,6 +28,11 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
     return value
 
 
+def check_int_or_none(name: str, value) -> int | None:
+    """None, or :func:`check_int` of ``value`` (e.g. an alias distance that may be absent)."""
+    return None if value is None else check_int(name, value)
+
+
 def check_positive_float(name: str, value, allow_zero: bool = False) -> float:
     """Return ``value`` as a float if it is a finite real number > 0 (or >= 0 with ``allow_zero``).
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen_utils.analysis import kernel, theory
+from lengthgen_utils.analysis import falls, kernel, theory
 from lengthgen_utils.analysis.kernel import CarrierMeasures, CarrierSpectrum
 from lengthgen_utils.analysis.probes import copying_heads
 from lengthgen_utils.book import ch01, ch02, ch03, ch04, ch05, ch07
@@ -138,35 +138,35 @@ def test_pin_summary_reads_the_pin_its_share_the_range_and_the_weight():
 # ================================================================ chapter 4
 def test_first_failure_is_the_first_length_below_the_threshold():
     acc = torch.tensor([[1.0, 0.96, 0.94, 1.0], [1.0, 1.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0]])
-    assert ch04.first_failure([16, 32, 64, 128], acc) == [64, None, 16]
-    assert ch04.first_failure([16, 32, 64, 128], acc, threshold=0.97) == [32, None, 16]
+    assert falls.first_failure([16, 32, 64, 128], acc) == [64, None, 16]
+    assert falls.first_failure([16, 32, 64, 128], acc, threshold=0.97) == [32, None, 16]
     with pytest.raises(ValueError, match="^accuracy must be"):
-        ch04.first_failure([16, 32, 64], acc)
+        falls.first_failure([16, 32, 64], acc)
 
 
 def test_first_length_holding_an_alias_is_the_first_length_past_it():
     # d = 31 needs L >= 32; d = 32 needs 33, so 64; no alias, or one beyond every length: None
-    assert ch04.first_length_holding([31, 32, None, 200], [16, 32, 64, 128]) == [32, 64, None, None]
+    assert falls.first_length_holding([31, 32, None, 200], [16, 32, 64, 128]) == [32, 64, None, None]
     with pytest.raises(TypeError, match=r"^alias\[1\] must be an int"):
-        ch04.first_length_holding([31, 2.5], [16, 32])
+        falls.first_length_holding([31, 2.5], [16, 32])
 
 
 def test_alias_report_collects_the_kernel_functions_and_the_failures():
     heads = untrained_heads(RetrievalExperiment(), 4)
     lengths, acc = [16, 32, 64], torch.tensor([[1.0, 0.9, 0.1]] * 2 + [[1.0] * 3] * 2)
-    report = ch04.alias_report(heads, [1, 2, 3, 5], lengths, acc, 16, 256)
+    report = falls.AliasReport.of(heads, [1, 2, 3, 5], lengths, acc, 16, 256)
     predicted, dominant = kernel.predicted_alias_distance(heads, [1, 2, 3, 5], 16, 256)
-    assert report["predicted"] == predicted
-    assert report["scanned"] == kernel.first_alias(heads, [1, 2, 3, 5], 16, 256)
-    assert report["fail"] == [32, 32, None, None]
-    assert report["predicted_fail"] == ch04.first_length_holding(predicted, lengths)
-    assert report["longest"] == 64 and report["ks"] == [1, 2, 3, 5]
-    assert 0 < report["coverage"] <= 1
+    assert report.predicted == predicted
+    assert report.scanned == kernel.first_alias(heads, [1, 2, 3, 5], 16, 256)
+    assert report.fail == [32, 32, None, None]
+    assert report.predicted_fail == falls.first_length_holding(predicted, lengths)
+    assert report.longest == 64 and report.offsets == [1, 2, 3, 5]
+    assert 0 < report.coverage <= 1
 
 
 def test_alias_summary_and_table_count_agreements_head_by_head():
-    report = dict(predicted=[20, None, 40], scanned=[20, None, 41], fail=[32, None, 64],
-                  predicted_fail=[32, None, 32], coverage=0.125, ks=[1, 1, 2])
+    report = falls.AliasReport(predicted=[20, None, 40], scanned=[20, None, 41], fail=[32, None, 64],
+                               predicted_fail=[32, None, 32], coverage=0.125, longest=64, offsets=[1, 1, 2])
     assert ch04.alias_summary(1e4, report) == ("base 10000: predicted = scanned alias for 2/3 heads (candidate "
                                                "lags: 12.5% of all); predicted = measured first failing length "
                                                "for 2/3")
@@ -302,20 +302,20 @@ def test_drop_near_alias_tells_a_cliff_at_the_alias_from_a_spread_decay_and_a_cl
            [1.0, 0.82, 0.64, 0.46, 0.28, 0.1],  # spread evenly over five steps: a fifth in any one
            [1.0, 0.1, 0.1, 0.1, 0.1, 0.1],  # a cliff into 19, two steps before its alias at 27
            [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]]  # no drop
-    share = ch05.drop_near_alias(acc, lengths, [27, 27, 27, 27])
+    share = falls.drop_near_alias(acc, lengths, [27, 27, 27, 27])
     np.testing.assert_allclose(share[:3], [1.0, 0.2, 0.0], atol=1e-12)
     assert np.isnan(share[3])
-    assert ch05.drop_near_alias(acc, lengths, [27, None, 23, 27], window=0)[[0, 2]].tolist() == [1.0, 0.0]
-    assert np.isnan(ch05.drop_near_alias(acc, lengths, [27, None, 23, 27])[1])
-    assert ch05.drop_near_alias(acc, lengths, [27, 27, 23, 27])[2] == 1.0  # 19 is one step before 23
+    assert falls.drop_near_alias(acc, lengths, [27, None, 23, 27], window=0)[[0, 2]].tolist() == [1.0, 0.0]
+    assert np.isnan(falls.drop_near_alias(acc, lengths, [27, None, 23, 27])[1])
+    assert falls.drop_near_alias(acc, lengths, [27, 27, 23, 27])[2] == 1.0  # 19 is one step before 23
     with pytest.raises(ValueError, match="^alias_lengths\\[0\\] = 28 is not one of the lengths"):
-        ch05.drop_near_alias(acc, lengths, [28, 27, 27, 27])
+        falls.drop_near_alias(acc, lengths, [28, 27, 27, 27])
     with pytest.raises(ValueError, match="^alias_lengths must hold one entry per head"):
-        ch05.drop_near_alias(acc, lengths, [27])
+        falls.drop_near_alias(acc, lengths, [27])
     with pytest.raises(ValueError, match="^accuracy must be"):
-        ch05.drop_near_alias([[1.0, 0.5]], lengths, [19])
+        falls.drop_near_alias([[1.0, 0.5]], lengths, [19])
     with pytest.raises(ValueError, match="^window must be"):
-        ch05.drop_near_alias(acc, lengths, [27] * 4, window=-1)
+        falls.drop_near_alias(acc, lengths, [27] * 4, window=-1)
 
 
 def test_every_profile_trains_the_decayed_regime_the_chapter_quotes():

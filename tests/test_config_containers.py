@@ -75,8 +75,10 @@ CONFIG_EXAMPLES = {
     "tasks.Copy": lambda: tasks.Copy(),
     "optim.OptimizerSettings": lambda: __import__("lengthgen_utils.run.optim").run.optim.OptimizerSettings(),
 }
-NOT_CONFIGS = {"kernel.CarrierSpectrum", "kernel.CarrierMeasures", "kernel.CarrierFit",
-               "optim.Rule"}  # optim.Rule: a registry entry made by register_optimizer, never from user values  # measurements (tensors), never built from user values nor cached
+# measurements (tensors, per-head lists), never built from user values nor cached; optim.Rule: a registry entry
+# made by register_optimizer, never from user values
+NOT_CONFIGS = {"kernel.CarrierSpectrum", "kernel.CarrierMeasures", "kernel.CarrierFit", "falls.AliasReport",
+               "optim.Rule"}
 
 
 def _list_inputs():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from lengthgen_utils.analysis import falls
 from lengthgen_utils.analysis.theory import balanced_agreement
 from lengthgen_utils.run.evaluation import attention_vote
 from lengthgen_utils.book import ch05b
@@ -172,7 +173,7 @@ def test_classify_falls_by_its_stated_rule():
     }
     acc = np.array(list(rows.values()))
     alias = [None, None, 32, 32, None, None]
-    assert ch05b.classify_falls(acc, lengths, alias, chance=1 / 16) == [k.strip() for k in rows]
+    assert falls.classify_falls(acc, lengths, alias, chance=1 / 16) == [k.strip() for k in rows]
     assert ch05b.outcome(["holds", "gradual", "gradual", "holds"]) == "holds"  # ties to the earlier class
     assert ch05b.outcome(["gradual", "cliff at alias", "gradual"]) == "gradual"
 

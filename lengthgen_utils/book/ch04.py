@@ -7,11 +7,11 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from .._validate import check_int, per_model
-from ..analysis.kernel import (carrier_spectrum, first_alias, measures, predicted_alias_distance,
-                               shuffled_phases)
+from .._validate import check_int, check_int_or_none, per_model
+from ..analysis.kernel import carrier_spectrum, measures, shuffled_phases
 from ..analysis import predictions
-from ..analysis.theory import pair_recurrences, separation_auc
+from ..analysis.falls import AliasReport
+from ..analysis.theory import separation_auc
 from .sliders import slider_figure
 from .style import PALETTE, SEED_COLORS, base_color
 from .tables import Table
@@ -128,89 +128,9 @@ def reconstruction_figure(ranks, explained: dict, title: str) -> go.Figure:
     return fig
 
 
-def _int_or_none(label: str, value):
-    return None if value is None else check_int(label, value)
-
-
-# --- far keys: aliases and where heads fail (chapter 4, "Far keys" and "The design lesson")
-def first_failure(lengths, accuracy, threshold: float = 0.95) -> list:
-    """Each model's first evaluated length with accuracy below ``threshold``.
-
-    Args:
-        lengths: ``[n]`` evaluated lengths (tokens), in increasing order.
-        accuracy: ``[M, n]`` accuracy (fraction) of each model at each length.
-        threshold: the accuracy that counts as failing below it.
-
-    Returns:
-        per model, the first length with accuracy ``< threshold`` (int), or None where none is.
-
-    Raises:
-        ValueError: ``accuracy`` is not ``[M, len(lengths)]``.
-
-    Source: chapter 4, "Far keys: aliases come from the frequency set".
-    """
-    lengths = list(lengths)
-    acc = torch.as_tensor(accuracy)
-    if acc.dim() != 2 or acc.shape[1] != len(lengths):
-        raise ValueError(f"accuracy must be [M, {len(lengths)}] (one column per length); got {tuple(acc.shape)}")
-    return [next((L for L, a in zip(lengths, row.tolist()) if a < threshold), None) for row in acc]
-
-
-def first_length_holding(alias, lengths) -> list:
-    """Each model's first evaluated length that holds its alias: the first ``L >= d + 1``.
-
-    Args:
-        alias: per model, an alias distance ``d`` (tokens) or None (no alias).
-        lengths: evaluated lengths (tokens), in increasing order.
-
-    Returns:
-        per model, that length (int), or None where the alias is None or beyond every length.
-
-    Raises:
-        TypeError: ``alias`` holds something other than ints and None.
-
-    Source: chapter 4, "Far keys: aliases come from the frequency set".
-    """
-    alias = [_int_or_none(f"alias[{i}]", a) for i, a in enumerate(alias)]
-    return [next((L for L in lengths if a is not None and L >= a + 1), None) for a in alias]
-
-
-def alias_report(model, offsets, lengths, accuracy, train_len: int, max_distance: int) -> dict:
-    """The aliases of a head ensemble, predicted and scanned, against where its accuracy fails.
-
-    Args:
-        model: a RoPE head ensemble of M heads.
-        offsets: the target offset k of each head.
-        lengths: ``[n]`` evaluated lengths (tokens); accuracy: ``[M, n]`` (fraction).
-        train_len: the training length (tokens).
-        max_distance: the largest distance searched for an alias (tokens).
-
-    Returns:
-        a dict: ``predicted`` (:func:`~lengthgen_utils.analysis.kernel.predicted_alias_distance`) and
-        ``scanned`` (:func:`~lengthgen_utils.analysis.kernel.first_alias`), per head an alias distance or
-        None; ``fail`` (:func:`first_failure` at 0.95) and ``predicted_fail`` (:func:`first_length_holding`
-        of the prediction), per head a length or None; ``coverage``, the median over heads of the share of
-        all lags ``1 .. max_distance`` where its dominant pairs recur; ``longest``, the longest length;
-        ``ks``, the offsets as a list.
-
-    Raises:
-        ValueError / TypeError: from the kernel functions (bad offsets or distances) or :func:`first_failure`.
-
-    Source: chapter 4, "Far keys: aliases come from the frequency set".
-    """
-    predicted, dominant = predicted_alias_distance(model, offsets, train_len, max_distance)
-    scanned = first_alias(model, offsets, train_len, max_distance)
-    theta = carrier_spectrum(model).theta
-    coverage = np.median([len(pair_recurrences(theta, d.tolist(), max_distance)) / max_distance
-                          for d in dominant])
-    return dict(predicted=predicted, scanned=scanned, fail=first_failure(lengths, accuracy),
-                predicted_fail=first_length_holding(predicted, lengths), coverage=coverage,
-                longest=max(lengths), ks=list(offsets))
-
-
-def prior_report(report: dict, base: float, d_head: int, train_len: int, max_distance: int,
+def prior_report(report: AliasReport, base: float, d_head: int, train_len: int, max_distance: int,
                  seed: int = 0) -> dict:
-    """Score the committed before-training predictions against an :func:`alias_report`'s heads.
+    """Score the committed before-training predictions against an :class:`~lengthgen_utils.analysis.falls.AliasReport`'s heads.
 
     For every head, the prediction of :mod:`~lengthgen_utils.analysis.predictions` for its
     ``(base, d_head, k, train_len)`` is read from the committed file (not recomputed), then compared with
@@ -220,7 +140,7 @@ def prior_report(report: dict, base: float, d_head: int, train_len: int, max_dis
     (:func:`~lengthgen_utils.analysis.predictions.score_lags`).
 
     Args:
-        report: an :func:`alias_report` of heads with RoPE base ``base``.
+        report: an :class:`~lengthgen_utils.analysis.falls.AliasReport` of heads with RoPE base ``base``.
         base, d_head, train_len: the heads' settings (they must have a row in the committed file).
         max_distance: the distance the scan searched (tokens).
         seed: the null's seed.
@@ -237,15 +157,15 @@ def prior_report(report: dict, base: float, d_head: int, train_len: int, max_dis
 
     Source: chapter 4, "Predicted before training".
     """
-    rows = [predictions.load_prediction("single head", base, d_head, k, train_len) for k in report["ks"]]
+    rows = [predictions.load_prediction("single head", base, d_head, k, train_len) for k in report.offsets]
     first = [r["first_alias"] for r in rows]
-    in_set = [s in r["distances"] for s, r in zip(report["scanned"], rows) if s is not None]
+    in_set = [s in r["distances"] for s, r in zip(report.scanned, rows) if s is not None]
     early = []
-    for fail, r in zip(report["fail"], rows):
+    for fail, r in zip(report.fail, rows):
         limit = r["first_failing_length"]
         early.append(fail is not None and (limit is None or fail < limit))
-    lags = [s - k for s, k in zip(report["scanned"], report["ks"]) if s is not None]
-    candidates = sorted({d - k for r, k in zip(rows, report["ks"]) for d in r["distances"]})
+    lags = [s - k for s, k in zip(report.scanned, report.offsets) if s is not None]
+    candidates = sorted({d - k for r, k in zip(rows, report.offsets) for d in r["distances"]})
     score = predictions.score_lags(lags, candidates, max_distance, seed=seed) if lags and candidates else None
     return dict(first=first, in_set=in_set, early=early, score=score, n_candidates=len(candidates))
 
@@ -264,24 +184,24 @@ def prior_summary(base: float, prior: dict) -> str:
             f"{hits}; {sum(prior['early'])}/{len(prior['early'])} heads failed before the committed length")
 
 
-def alias_summary(base: float, report: dict) -> str:
-    """One line on an :func:`alias_report`: how often the prediction equals the scan and the failure.
+def alias_summary(base: float, report: AliasReport) -> str:
+    """One line on an :class:`~lengthgen_utils.analysis.falls.AliasReport`: how often the prediction equals the scan and the failure.
 
     Source: chapter 4, "Far keys: aliases come from the frequency set".
     """
-    n = len(report["ks"])
-    agree = sum(p == s for p, s in zip(report["predicted"], report["scanned"]))
-    fails = sum(p == f for p, f in zip(report["predicted_fail"], report["fail"]))
+    n = len(report.offsets)
+    agree = sum(p == s for p, s in zip(report.predicted, report.scanned))
+    fails = sum(p == f for p, f in zip(report.predicted_fail, report.fail))
     return (f"base {base:g}: predicted = scanned alias for {agree}/{n} heads "
-            f"(candidate lags: {report['coverage']:.1%} of all); predicted = measured first failing "
+            f"(candidate lags: {report.coverage:.1%} of all); predicted = measured first failing "
             f"length for {fails}/{n}")
 
 
-def alias_table(report: dict, rows: dict, n_seeds: int) -> Table:
+def alias_table(report: AliasReport, rows: dict, n_seeds: int) -> Table:
     """Each head's predicted first alias and first failing length, one row per offset, one column per seed.
 
     Args:
-        report: an :func:`alias_report`.
+        report: an :class:`~lengthgen_utils.analysis.falls.AliasReport`.
         rows: ``{k: the indices of offset k's heads}``, one per seed (e.g. ``sweep.rows(offset=k)``).
         n_seeds: the number of seed columns.
 
@@ -293,7 +213,7 @@ def alias_table(report: dict, rows: dict, n_seeds: int) -> Table:
     for k, heads in rows.items():
         if len(heads) != n_seeds:
             raise ValueError(f"rows[{k}] must hold one head per seed ({n_seeds}); got {len(heads)}")
-    cells = [[k] + [f"{report['predicted'][i]} / {report['fail'][i]}" for i in heads] for k, heads in rows.items()]
+    cells = [[k] + [f"{report.predicted[i]} / {report.fail[i]}" for i in heads] for k, heads in rows.items()]
     return Table(["k"] + [f"seed {s}" for s in range(n_seeds)], cells,
                  caption="Base 10^4, each head: predicted first alias distance / first length with "
                  "accuracy below 0.95 (None: none found)")
@@ -320,8 +240,8 @@ def alias_vs_failure(alias_distance, failure_length, labels, longest_tested: int
             label (the package's one per-model check), or a value lies beyond its search range.
     """
     n = len(labels)
-    alias_distance = per_model("alias_distance", alias_distance, n, _int_or_none, shared=False)
-    failure_length = per_model("failure_length", failure_length, n, _int_or_none, shared=False)
+    alias_distance = per_model("alias_distance", alias_distance, n, check_int_or_none, shared=False)
+    failure_length = per_model("failure_length", failure_length, n, check_int_or_none, shared=False)
     if any(a is not None and a > alias_search for a in alias_distance):
         raise ValueError(f"alias_distance must be <= alias_search={alias_search} or None")
     if any(f is not None and f > longest_tested for f in failure_length):
@@ -397,8 +317,8 @@ def alias_kernel_figure(relative, aliases, failures, candidates, pairs, train_le
         raise ValueError(f"relative must be [n_seeds, n + 1 >= 3] (D = -n .. 0); got shape {rel.shape}")
     rel = rel[:, -2::-1]  # a working copy for the log-distance axis: column d - 1 holds d = 1 .. n
     n_seeds, n = rel.shape
-    aliases = per_model("aliases", aliases, n_seeds, _int_or_none, shared=False)
-    failures = per_model("failures", failures, n_seeds, _int_or_none, shared=False)
+    aliases = per_model("aliases", aliases, n_seeds, check_int_or_none, shared=False)
+    failures = per_model("failures", failures, n_seeds, check_int_or_none, shared=False)
     candidates = [check_int("candidates", c, minimum=1, maximum=n) for c in candidates]
     train_len = check_int("train_len", train_len, minimum=2)
     distances = np.arange(1, n + 1)

@@ -8,14 +8,13 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from .._validate import check_int, per_model, per_model_rows
+from .._validate import check_int, check_int_or_none, per_model, per_model_rows
 from ..analysis.kernel import carrier_spectrum, first_alias, mean_distractor_weight, offset_kernel
 from ..analysis.theory import critical_target_mass, exact_target_mass, long_run_slope, mean_field_parameters
 from ..run.configs import margin_sweep, rope_base_experiment
 from ..run.evaluation import accuracy_by_length
 from ..run.parallel import parallel_map
 from ..run.runners import run_offset_sweep, run_snapshots
-from .ch04 import _int_or_none
 from .figures import _log_x_marker
 from .render import FIGURE_HEIGHT
 from .sliders import slider_figure
@@ -114,54 +113,6 @@ def decayed_regime(regimes: dict, profile=None):
         raise KeyError(f"chapter 5 quotes the regime {DECAYED_REGIME!r} (margin control {DECAY_CONTROL!r}, "
                        f"snapshot {DECAY_STEP}), absent here: regimes {list(regimes)}{controls}")
     return regimes[DECAYED_REGIME]
-
-
-def drop_near_alias(accuracy, lengths, alias_lengths, window: int = 1):
-    """Per head, the share of its accuracy drop that happens in one step of the grid at a given length.
-
-    The drop of head ``i`` is ``accuracy[i, 0] - min(accuracy[i])``; a step is the change between two
-    neighbouring lengths. The share is the largest single-step fall whose right end lies within ``window``
-    steps of ``alias_lengths[i]`` (the first length holding the head's predicted alias), over the drop.
-    A cliff at the alias gives a share near 1; a decay spread over many steps, as a dilution law would give
-    (on chapter 5's grid, four lengths per octave), a small one; a cliff elsewhere, about 0.
-
-    Args:
-        accuracy: ``[M, n]`` accuracies at increasing ``lengths``.
-        lengths: ``n`` increasing lengths (tokens).
-        alias_lengths: ``M`` lengths, each one of ``lengths`` or ``None`` (no alias on the grid).
-        window: steps either side of the alias's length that count (>= 0).
-
-    Returns:
-        numpy float ``[M]`` in ``[0, 1]``; NaN where the head does not drop or has no alias length.
-
-    Raises:
-        ValueError / TypeError: ``accuracy`` is not ``[M, n]``, ``alias_lengths`` not ``M`` long or a length not
-            on the grid, ``window`` not an int >= 0.
-
-    Source: chapter 5, "Cliffs: the heads of the book's recipe".
-    """
-    window = check_int("window", window, minimum=0)
-    lengths = [int(L) for L in lengths]
-    acc = np.asarray(accuracy, dtype=float)
-    if acc.ndim != 2 or acc.shape[1] != len(lengths):
-        raise ValueError(f"accuracy must be [M, {len(lengths)}] (one column per length); got {acc.shape}")
-    alias_lengths = list(alias_lengths)
-    if len(alias_lengths) != acc.shape[0]:
-        raise ValueError(f"alias_lengths must hold one entry per head ({acc.shape[0]}); got {len(alias_lengths)}")
-    out = np.full(acc.shape[0], np.nan)
-    steps = acc[:, :-1] - acc[:, 1:]  # column t: the fall from lengths[t] to lengths[t + 1]
-    for i, L in enumerate(alias_lengths):
-        if L is None:
-            continue
-        if int(L) not in lengths:
-            raise ValueError(f"alias_lengths[{i}] = {L} is not one of the lengths")
-        drop = acc[i, 0] - acc[i].min()
-        if drop <= 0:
-            continue
-        j = lengths.index(int(L))  # the step into L is column j - 1
-        near = steps[i, max(j - 1 - window, 0): max(j + window, 0)]
-        out[i] = float(np.clip(near.max(initial=0.0) / drop, 0.0, 1.0))
-    return out
 
 
 def margin_regimes(profile, book, offsets, tasks, lengths, n_samples: int) -> dict:
@@ -370,7 +321,7 @@ def accuracy_heatmap(accuracy, lengths, labels, chance: float, title: str, marks
         allowed = {int(L) for L in lengths}
 
         def check_mark(label, value):
-            value = _int_or_none(label, value)
+            value = check_int_or_none(label, value)
             if value is not None and value not in allowed:
                 raise ValueError(f"{label} must be one of lengths {sorted(allowed)} or None; got {value}")
             return value

@@ -10,77 +10,23 @@ import plotly.graph_objects as go
 import torch
 
 from .._validate import check_int
+from ..analysis.falls import FALLS, FIT_LEVEL, classify_falls, first_length_holding
 from ..analysis.kernel import dilution_law_fit, measures, offset_kernel, predicted_alias_distance
-from ..analysis.probes import accuracy_transition, outranked_beyond_window
+from ..analysis.probes import outranked_beyond_window
 from ..analysis.theory import balanced_agreement, critical_target_mass, mean_field_parameters, separation_auc
 from ..core.tasks import FixedOffsetRetrieval
 from ..run.evaluation import attention_vote
 from ..run.parallel import parallel_map
 from ..run.runners import untrained_heads
-from .ch04 import first_length_holding
-from .ch05 import drop_near_alias
 from .render import FIGURE_HEIGHT
 from .sliders import slider_figure
 from .tables import Table
 
-FALLS = ("not fitted", "holds", "cliff at alias", "cliff elsewhere", "gradual")
-"""How a head's accuracy falls on the fine grid, the classes of :func:`classify_falls` (in the diagram's order)."""
 FALL_COLORS = ("#bdbdbd", "#2ca02c", "#d62728", "#ff7f0e", "#1f77b4")
 FALL_KEYS = ("none", "holds", "alias", "cliff", "gradual")
 """The colour key's short names of :data:`FALLS` (five fit side by side under a phone's column, unrotated)."""
-FIT_LEVEL = 0.9
-"""Accuracy at the training length (and the level every rule here predicts) at which a head counts as fitted."""
-CLIFF_WIDTH = 0.55
-"""Octaves: a fall from 0.9 to halfway to chance at most this wide is a cliff: at most two steps of the fine grid
-(half an octave; up to 0.524 octave between its rounded lengths, e.g. 16 to 23), where three steps are 0.75."""
-ALIAS_SHARE = 0.5
-"""A cliff is at the alias when at least this share of the head's drop happens within one grid step of it."""
 LOW_RANK_AUC = 0.8
 """A cell's carrier is low rank beyond its initialisation when its top-2 share beats the untrained null at this AUC."""
-
-
-def classify_falls(accuracy, lengths, alias_lengths, chance: float) -> list[str]:
-    """How each head's accuracy falls with length: one of :data:`FALLS` per head, by a stated rule.
-
-    With :func:`~lengthgen_utils.analysis.probes.accuracy_transition` (``L_high``: first length below 0.9;
-    ``L_half``: first below halfway to chance; the width ``log2(L_half / L_high)`` octaves):
-
-    * **not fitted**: below 0.9 already at the first length (the training length);
-    * **holds**: never below 0.9 on the grid;
-    * **cliff**: width at most :data:`CLIFF_WIDTH` octaves; **at alias** when at least :data:`ALIAS_SHARE` of
-      the drop happens within one grid step of the first length holding the head's predicted alias
-      (:func:`~lengthgen_utils.book.ch05.drop_near_alias`), **elsewhere** otherwise (or without an alias);
-    * **gradual**: wider than :data:`CLIFF_WIDTH`, or below 0.9 but never below halfway on the grid.
-
-    Args:
-        accuracy: ``[M, n]`` accuracies at ``lengths``.
-        lengths: ``n`` increasing lengths (tokens), a fine grid (four per octave in the book).
-        alias_lengths: ``M`` entries, each one of ``lengths`` or None (no predicted alias on the grid).
-        chance: the task's chance accuracy.
-
-    Returns:
-        ``M`` strings from :data:`FALLS`.
-
-    Raises:
-        ValueError / TypeError: as :func:`~lengthgen_utils.analysis.probes.accuracy_transition` and
-            :func:`~lengthgen_utils.book.ch05.drop_near_alias`.
-
-    Source: chapter 5b, "The phase diagram".
-    """
-    fall = accuracy_transition(accuracy, lengths, chance=chance, high=FIT_LEVEL, cliff=CLIFF_WIDTH,
-                               gradual=CLIFF_WIDTH + 1e-9)
-    share = drop_near_alias(np.asarray(accuracy, dtype=float), lengths, alias_lengths)
-    out = []
-    for kind, s in zip(fall["kind"], share):
-        if kind == "not learned":
-            out.append("not fitted")
-        elif kind == "holds":
-            out.append("holds")
-        elif kind == "cliff":
-            out.append("cliff at alias" if s >= ALIAS_SHARE else "cliff elsewhere")
-        else:  # gradual, or partial (never below halfway within the grid)
-            out.append("gradual")
-    return out
 
 
 def untrained_measures(config, base: float, train_len: int = 16):

@@ -32,11 +32,11 @@ import itertools
 import json
 import math
 
-import numpy as np
 import torch
 
 from .._validate import check_int, check_int_sequence
 from ..analysis import kernel, theory
+from ..analysis.falls import first_failure
 from ..core.encodings import LearnedAPE, RoPE
 from . import ch04, figures, render, sliders, style
 
@@ -306,12 +306,6 @@ def kernel_report(model, offset: int, train_len: int, max_distance: int, toleran
             "pairs": sorted(set(dominant.flatten().tolist()))}
 
 
-def first_failures(lengths, accuracy, threshold: float = FAIL_BELOW) -> list:
-    """Per row of ``accuracy [M, n]``, the first of ``lengths`` whose accuracy is below ``threshold`` (or None)."""
-    acc = np.asarray(accuracy, dtype=float)
-    return [next((int(L) for L, a in zip(lengths, row) if a < threshold), None) for row in acc]
-
-
 def kernel_panel(model, offsets, lengths, accuracy, experiment, offset: int = 3, n_seeds: int = 3,
                  bases=BASES, d_heads=(4, 8, 16, 32)) -> LivePanel:
     """Chapter 4's live panel: the kernel of RoPE heads over a long range, retrained for any base and ``d_head``.
@@ -366,7 +360,7 @@ def kernel_panel(model, offsets, lengths, accuracy, experiment, offset: int = 3,
     heads = model.subset(rows)
     max_distance = lengths[-1] - 1
     report = kernel_report(heads, offset, T, max_distance)
-    failures = first_failures(lengths, acc[rows].numpy())
+    failures = first_failure(lengths, acc[rows].numpy(), FAIL_BELOW)
     title = KERNEL_TITLE.format(base=_base_text(base), d_head=model.config.d_head, k=offset)
     y_range = (-12.0, 8.0)
     figure = ch04.alias_kernel_figure(report["relative"], report["aliases"], failures, report["candidates"],
@@ -392,4 +386,4 @@ def kernel_panel(model, offsets, lengths, accuracy, experiment, offset: int = 3,
     return live_panel("kernel", figure, controls, {"base": base, "d_head": model.config.d_head}, fixed, text)
 
 
-__all__ = ["LivePanel", "live_panel", "accuracy_panel", "kernel_panel", "kernel_report", "first_failures"]
+__all__ = ["LivePanel", "live_panel", "accuracy_panel", "kernel_panel", "kernel_report"]

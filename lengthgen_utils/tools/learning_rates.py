@@ -11,7 +11,6 @@ which the chapter reads; the chapter's own runs never tune a rate.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
