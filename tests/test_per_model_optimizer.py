@@ -57,6 +57,31 @@ def test_a_mixed_ensemble_member_equals_the_model_trained_alone_with_its_setting
             "the settings must differ in effect, or the test shows nothing"
 
 
+@pytest.mark.parametrize("rule", sorted(MIXED))
+def test_a_diverged_member_gives_nan_and_leaves_the_others_as_trained_alone(rule):
+    """A member whose weights went NaN (its training diverged: gradient descent at a large rate does so under
+    some seed sets in chapter 5c) does not stop the ensemble's training: it stays NaN, gives NaN logits, and
+    the other members' weights and losses are bit for bit those of their training without it. An ensemble
+    with no finite member is refused."""
+    setting = MIXED[rule][0]
+    pair, alone = _head([0, 1]), _head([0])
+    with torch.no_grad():
+        pair.w_q[1].fill_(float("nan"))
+    history = _train(pair, setting, steps=10)
+    assert torch.equal(history[:, :1], _train(alone, setting, steps=10)), rule
+    for (name, p), (_, q) in zip(pair.named_parameters(), alone.named_parameters()):
+        assert torch.equal(p[:1], q), (rule, name)
+    assert history[:, 1].isnan().all() and not torch.isfinite(pair.w_q[1]).any()
+    tokens = TASK.sample(4, 16, torch.Generator().manual_seed(0))[0]
+    logits, _ = pair(tokens)
+    assert torch.isfinite(logits[0]).all() and logits[1].isnan().all()
+    with pytest.raises(ValueError, match="not finite in any model"):
+        alone.eval()
+        with torch.no_grad():
+            alone.w_q.fill_(float("nan"))
+        alone(tokens)
+
+
 class _Spared(torch.nn.Module):
     """A toy ensemble with a decayed weight and a spared bias (``b_in``), as the transformer has."""
 

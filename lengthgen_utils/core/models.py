@@ -354,12 +354,19 @@ class RetrievalHead(SingleHead):
         """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` for ``tokens [B, L]`` or ``[M, B, L]``.
 
         ``logit_scale`` and ``positions`` are passed to :meth:`attention_row`.
+
+        A model of the ensemble whose row is not finite (its training diverged: a weight or a learned score
+        bias went NaN or inf) gives NaN logits, and the other models are unaffected: the caller counts such
+        models (chapter 5c's "diverged"), as training cannot stop one member of an ensemble.
+
+        Raises:
+            ValueError: no model's attention row is finite (nothing to read out), or bad ``tokens``.
         """
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
         attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
-        if not bool(torch.isfinite(attn).all()):  # e.g. a learned score bias that has gone NaN
+        if not bool(torch.isfinite(attn).all(-1).any()):  # e.g. a learned score bias that has gone NaN
             raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not "
-                             "finite (a NaN or inf score bias or weight): refusing to read it out")
+                             "finite in any model (a NaN or inf score bias or weight): refusing to read it out")
         logits = readout(attn, tokens, self.value_table())
         return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -470,7 +477,7 @@ class ContentRetrievalHead(SingleHead):
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` (one row per sequence).
 
-        Arguments as :meth:`RetrievalHead.forward`.
+        Arguments, a diverged model and errors as :meth:`RetrievalHead.forward`.
         """
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
         positions = _positions(tokens.shape[-1], position_shift, positions)  # [L] integers on the CPU
@@ -479,8 +486,9 @@ class ContentRetrievalHead(SingleHead):
             logit_scale = check_positive_float("logit_scale", logit_scale)
         s = self._content_scores(tokens, positions)
         attn = (s if logit_scale == 1.0 else logit_scale * s).softmax(-1)
-        if not bool(torch.isfinite(attn).all()):
-            raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")
+        if not bool(torch.isfinite(attn).flatten(1).all(-1).any()):  # [M]: a model may have diverged
+            raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite "
+                             "in any model")
         return readout(attn, tokens, self.value_table()), attn
 
 
