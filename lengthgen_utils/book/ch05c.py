@@ -231,15 +231,34 @@ def summary_rows(summaries: dict, lengths_x: tuple = (1, 2, 4, 16)) -> list[dict
         ok = ~(s.margin.isnan() | s.travelled.isnan())  # diverged heads have none
         row["margin"] = f"{s.margin[ok].median():.1f}" if ok.any() else "-"
         row["moved"] = f"{s.travelled[ok].median():.2f}" if ok.any() else "-"
-        fit = s.rope_fit.tolist()
-        early = [a is not None and a <= 4 * train_len for a, f in zip(s.first_alias, fit) if f]
-        row["alias <= 4x"] = f"{sum(early) / len(early):.2f}" if early else "-"
+        early = alias_within_share(s, 4)
+        row["alias <= 4x"] = f"{early:.2f}" if early is not None else "-"
         row["C AUC"] = f"{s.alignment_auc:.2f}" if s.alignment_auc is not None else "-"
         cos = s.cos_mm[~s.cos_mm.isnan()]
         row["cos c_mm"] = (f"{cos.median():.2f}" if cos.numel() else "-") + f" ({s.cos_mm_null.median():.2f})"
         row["diverged"] = f"{s.rope_diverged}/{s.ape_diverged}"
         rows.append(row)
     return rows
+
+
+def fitted_holding(s: CellSummary, multiple: int = 2, level: float = 0.9) -> torch.Tensor:
+    """Bool ``[fitted RoPE heads]``: accuracy ``>= level`` at ``multiple`` times the training length.
+
+    Raises:
+        ValueError: ``multiple`` times the training length is not one of the cell's evaluated lengths.
+    """
+    L = check_int("multiple", multiple, minimum=1) * s.lengths[0]
+    if L not in s.lengths:
+        raise ValueError(f"multiple = {multiple}: length {L} is not evaluated; lengths are {s.lengths}")
+    return s.rope_accuracy[s.rope_fit, s.lengths.index(L)] >= level
+
+
+def alias_within_share(s: CellSummary, multiple: int = 4) -> float | None:
+    """Share of the fitted RoPE heads whose kernel's first alias lies within ``multiple`` times the training
+    length (None: no head fits)."""
+    limit = check_int("multiple", multiple, minimum=1) * s.lengths[0]
+    early = [a is not None and a <= limit for a, f in zip(s.first_alias, s.rope_fit.tolist()) if f]
+    return sum(early) / len(early) if early else None
 
 
 def near_chance(accuracy: torch.Tensor, chance: float, within: float = 0.15) -> torch.Tensor:
