@@ -17,6 +17,7 @@ or more seeds per point affordable on a laptop CPU; model ``i`` is initialised f
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -145,6 +146,24 @@ class Ensemble(nn.Module):
             for (_, p_copy), (_, p) in zip(copy.named_parameters(), self.named_parameters()):
                 p_copy.copy_(p[index])
         return copy
+
+
+@contextmanager
+def diverged_models_allowed(model):
+    """Inside this block, a single head whose attention is not finite in some models (their weights diverged: NaN
+    or inf) gives those models NaN logits instead of refusing the call.
+
+    Training and evaluating an ensemble cannot stop one member, and a chapter counts diverged models from their
+    parameters (chapter 5c); :func:`~lengthgen_utils.run.training.train` and
+    :func:`~lengthgen_utils.run.evaluation.accuracy_by_length` run inside it, and score a diverged model's NaN
+    logits as class 0 (about chance). A call outside it refuses any non-finite attention (``ValueError``).
+    """
+    previous = getattr(model, "_diverged_allowed", False)
+    model._diverged_allowed = True
+    try:
+        yield model
+    finally:
+        model._diverged_allowed = previous
 
 
 class EnsembleModel(Ensemble):
@@ -355,18 +374,16 @@ class RetrievalHead(SingleHead):
 
         ``logit_scale`` and ``positions`` are passed to :meth:`attention_row`.
 
-        A model of the ensemble whose row is not finite (its training diverged: a weight or a learned score
-        bias went NaN or inf) gives NaN logits, and the other models are unaffected: the caller counts such
-        models (chapter 5c's "diverged"), as training cannot stop one member of an ensemble.
-
         Raises:
-            ValueError: no model's attention row is finite (nothing to read out), or bad ``tokens``.
+            ValueError: an attention row is not finite (a NaN or inf weight or learned score bias), except inside
+                :func:`diverged_models_allowed` (training, evaluation), where such a model gives NaN logits; bad
+                ``tokens``.
         """
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
         attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
-        if not bool(torch.isfinite(attn).all(-1).any()):  # e.g. a learned score bias that has gone NaN
+        if not getattr(self, "_diverged_allowed", False) and not bool(torch.isfinite(attn).all()):
             raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not "
-                             "finite in any model (a NaN or inf score bias or weight): refusing to read it out")
+                             "finite (a NaN or inf score bias or weight): refusing to read it out")
         logits = readout(attn, tokens, self.value_table())
         return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
 
@@ -486,9 +503,8 @@ class ContentRetrievalHead(SingleHead):
             logit_scale = check_positive_float("logit_scale", logit_scale)
         s = self._content_scores(tokens, positions)
         attn = (s if logit_scale == 1.0 else logit_scale * s).softmax(-1)
-        if not bool(torch.isfinite(attn).flatten(1).all(-1).any()):  # [M]: a model may have diverged
-            raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite "
-                             "in any model")
+        if not getattr(self, "_diverged_allowed", False) and not bool(torch.isfinite(attn).all()):
+            raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")
         return readout(attn, tokens, self.value_table()), attn
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .._validate import check_int, check_int_sequence, check_nonempty, check_positive_float, per_model_ints
+from ..core.models import diverged_models_allowed
 from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from ..core.seeding import generator
 from .training import ensemble_squared_error, model_threads
@@ -70,7 +71,7 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
         for t in tasks:
             t.check_seq_len(seq_len)
         model.check_positions(torch.arange(seq_len))
-    with _threads(model, num_threads):
+    with _threads(model, num_threads), diverged_models_allowed(model):  # a diverged model scores as class 0
         gen = generator(seed)
         out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
         for col, (seq_len, scale) in enumerate(zip(lengths, scales)):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validate import check_device, check_fits, check_int, env_int, per_model_ints
-from ..core.models import KernelHead, Transformer
+from ..core.models import KernelHead, Transformer, diverged_models_allowed
 from ..core.tasks import IGNORE_INDEX, as_task_list, batch_targets, shared_task
 from ..core.seeding import generator
 from .optim import OptimizerSettings, build_optimizer, per_model_settings
@@ -248,7 +248,8 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
         min_len = check_int("min_train_len", min_train_len, minimum=min_len, maximum=train_len)
     device = check_device(device)
     threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
-    with cpu_threads(threads), unchanged_on_failure(model):
+    # a model whose weights diverge stays NaN and leaves the others alone (they share no arithmetic)
+    with cpu_threads(threads), unchanged_on_failure(model), diverged_models_allowed(model):
         return _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_length,
                            seed, device, progress, min_len, callback, train_set)
 
