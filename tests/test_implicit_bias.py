@@ -247,3 +247,57 @@ def test_chapter_5c_summary_counts_diverged_heads_and_leaves_them_out():
     assert math.isfinite(s.ape_unseen_drift)
     (row,) = ch05c.summary_rows({("gradient descent", 10.0): s})
     assert row["diverged"] == "1/1" and row["margin"] != "nan" and "nan" not in row["cos c_mm"]
+
+
+def _cell(fit, acc_2x, acc_16x, travelled=0.5):
+    """A fake CellSummary: lengths 16 / 32 / 256, every head fitted or not as ``fit``, accuracies as given."""
+    from lengthgen_utils.book import ch05c
+
+    n = len(fit)
+    acc = torch.tensor([[1.0 if f else 0.5, a2, a16] for f, a2, a16 in zip(fit, acc_2x, acc_16x)], dtype=torch.float64)
+    return ch05c.CellSummary(
+        rope_accuracy=acc, ape_accuracy=acc, lengths=[16, 32, 256], offsets=[1] * n, rope_fit=torch.tensor(fit),
+        ape_fit=torch.tensor(fit), margin=torch.ones(n), travelled=torch.full((n,), travelled),
+        alignment_auc=0.9, cos_mm=torch.ones(n), cos_mm_null=torch.zeros(n), first_alias=[40] * n,
+        ape_unseen_drift=0.0)
+
+
+def test_chapter_5c_init_comparison_tables_and_its_absence():
+    # the initialisation axis: None where the profile does not train it; otherwise the Fisher tables count fitted
+    # heads only, GD (x1 vs x0.1) at 2x and Adam (x0.1 vs x1) at 16x
+    from lengthgen_utils.book import ch05c
+
+    assert ch05c.compare_init_scales({("Adam", 1.0): _cell([True], [1.0], [1.0])}) is None
+    holds, fails = [True] * 6, [True] * 6
+    summaries = {
+        ("gradient descent", 1.0): _cell(holds + [False], [1.0] * 6 + [1.0], [0.1] * 7),  # the unfitted head is out
+        ("gradient descent", 0.1): _cell(fails, [0.1] * 6, [0.1] * 6),
+        ("gradient descent", 10.0): _cell([False] * 6, [0.1] * 6, [0.1] * 6),
+        ("Adam", 1.0): _cell(holds, [1.0] * 6, [0.95, 0.5, 0.5, 0.5, 0.5, 0.5]),
+        ("Adam", 0.1): _cell(holds, [1.0] * 6, [0.95] * 6),
+        ("Adam", 10.0): _cell([False] * 6, [0.1] * 6, [0.1] * 6),
+    }
+    c = ch05c.compare_init_scales(summaries)
+    assert c.gd_table == [[6, 0], [0, 6]] and c.adam_table == [[6, 0], [1, 5]]
+    # one-sided Fisher p, written out: the hypergeometric tail of 12 heads, 6 per row
+    assert math.isclose(c.p_gd_2x, 1 / math.comb(12, 6))  # 6 holding of 6: only the observed table
+    assert math.isclose(c.p_adam_16x, math.comb(7, 6) / math.comb(12, 6))  # 7 holding, all 6 in the first row
+    assert "6 of 6" in c.text and "0 of 6 (0 diverged)" in c.text
+
+
+def test_chapter_5c_sign_text_says_when_the_committed_step_does_not_fit():
+    # where sign descent fits fewer than half its heads at its committed step (full, 4000 steps) the paragraph
+    # must not claim a 2x comparison; where it fits, it gives the comparison and its p values
+    from lengthgen_utils.book import ch05c
+
+    adam = _cell([True] * 4, [1.0] * 4, [1.0] * 4)
+    small = _cell([True] * 4, [1.0, 1.0, 1.0, 0.1], [1.0] * 4)
+    for fit, fits_enough in (([True, True, False, False], True), ([True, False, False, False], False)):
+        sign = _cell(fit, [0.1] * 4, [0.1] * 4, travelled=4.0)
+        assert ch05c.sign_fits_enough(sign) is fits_enough
+        cells = {"sign": sign, "adam": adam, "small": small}
+        hold = {k: ch05c.fitted_holding(s) for k, s in cells.items()}
+        text = ch05c.sign_step_text(cells, hold, [1e-9, 2e-8], 3e-3, 4000)
+        assert ("nothing to compare at 2x" in text) is not fits_enough
+        assert ("p = 1e-09" in text) is fits_enough
+        assert "3 of them hold 0.9 at 2x" in text and "4000 steps" in text
