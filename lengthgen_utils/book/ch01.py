@@ -136,3 +136,100 @@ def explorer_numbers(grid: dict, offsets) -> dict:
         nope_1x = [float(acc(T, "nope", k, 1).mean()) for k in offsets]
         out[f"nope_{T}_min"], out[f"nope_{T}_max"] = min(nope_1x), max(nope_1x)
     return out
+
+
+# --- the exercises' numbers (chapter 1, "Exercises": the solutions quote this page's run)
+def _and_list(items) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def seed_spread(values) -> str:
+    """How one accuracy varies over the seeds, as a clause: 'all 5 seeds score exactly the same, 0.064' or
+    'the seeds score 0.061 to 0.066'.
+
+    Source: chapter 1, exercise 1 (fixed-length APE at 2x).
+    """
+    values = torch.as_tensor(values, dtype=torch.float64)
+    lo, hi = float(values.min()), float(values.max())
+    if lo == hi:
+        return f"all {len(values)} seeds score exactly the same, {lo:.3f}"
+    return f"the seeds score {lo:.3f} to {hi:.3f}"
+
+
+def first_failures(lengths, accuracy, threshold: float = 0.95) -> list:
+    """Per head (a row of ``accuracy [M, len(lengths)]``), the first length with accuracy below ``threshold``,
+    or None where there is none."""
+    return [next((int(L) for L, a in zip(lengths, row.tolist()) if a < threshold), None)
+            for row in torch.as_tensor(accuracy)]
+
+
+def failure_clause(first, train_len: int, longest: int) -> str:
+    """Where the seeds first fail, as a clause: '3 seeds fail from 64 tokens (4x) and 2 from 512 (32x)',
+    '1 seed fails from 128 tokens (8x), 2 from 512 (32x) and 2 hold to 1024 (64x)', 'all 5 seeds hold to
+    1024 tokens (64x)'. ``first``: per seed, a first failing length or None (holds to ``longest``)."""
+    failing = sorted({L for L in first if L is not None})
+    holding = sum(L is None for L in first)
+    if not failing:
+        return f"all {holding} seeds hold to {longest} tokens ({longest // train_len}x)"
+    parts = []
+    for L in failing:
+        n = first.count(L)
+        parts.append(f"{n} seed{'s fail' if n > 1 else ' fails'} from {L} tokens ({L // train_len}x)" if not parts
+                     else f"{n} from {L} ({L // train_len}x)")
+    if holding:
+        parts.append(f"{holding} hold{'s' if holding == 1 else ''} to {longest} ({longest // train_len}x)")
+    return _and_list(parts)
+
+
+def alias_clause(aliases, max_distance: int) -> str:
+    """Each head's first alias, as a noun phrase: 'first aliases at distances 34, 47 and 311', '... at 104 and
+    361 (3 have none up to 1023)', 'no first alias up to 1023'."""
+    found = [str(a) for a in aliases if a is not None]
+    missing = sum(a is None for a in aliases)
+    if not found:
+        return f"no first alias up to {max_distance}"
+    text = f"first aliases at distances {_and_list(found)}"
+    if missing:
+        text += f" ({missing} {'has' if missing == 1 else 'have'} none up to {max_distance})"
+    return text
+
+
+def halved_head_numbers(runs: dict, offset: int, train_len: int, max_distance: int = 1023,
+                        base: float = 1e4) -> dict:
+    """Exercise 2's numbers: RoPE heads of ``d_head`` 8 and 16, where they first fail and where they alias.
+
+    Args:
+        runs: ``{d_head: (model, lengths, accuracy [M, len(lengths)])}``, both evaluated to the same length.
+        offset, train_len: the heads' offset k and training length.
+        max_distance: the farthest distance :func:`~lengthgen_utils.analysis.kernel.first_alias` searches.
+        base: the heads' RoPE base (a row of the committed file for ``d_head`` 8).
+
+    Returns:
+        ``{name: value}`` for the glue names ``ch1_ex2_<name>``: ``fail8``, ``fail16`` (:func:`failure_clause`),
+        ``alias8``, ``alias16`` (:func:`alias_clause`), ``agree`` and ``heads`` (heads of both sizes whose first
+        failing length is the first evaluated length longer than their alias, or that neither alias nor
+        fail), ``committed`` (the committed file's first alias for ``d_head`` 8) and ``early`` (a clause: how
+        many ``d_head`` 8 heads alias before it).
+
+    Source: chapter 1, exercise 2.
+    """
+    from ..analysis.kernel import first_alias
+
+    out, agree, heads = {}, 0, 0
+    committed = predictions.load_prediction("single head", base, 8, offset, train_len)["first_alias"]
+    for d_head, (model, lengths, accuracy) in runs.items():
+        first = first_failures(lengths, accuracy)
+        aliases = first_alias(model, offset, train_len, max_distance)
+        out[f"fail{d_head}"] = failure_clause(first, train_len, max(lengths))
+        out[f"alias{d_head}"] = alias_clause(aliases, max_distance)
+        agree += sum(f == next((L for L in lengths if a is not None and L > a), None)
+                     for f, a in zip(first, aliases))
+        heads += len(first)
+        if d_head == 8:
+            n = sum(a is not None and a < committed for a in aliases)
+            out["early"] = ("none of them comes" if n == 0 else "one of them comes" if n == 1
+                            else f"{n} of them come")
+    out.update(agree=agree, heads=heads, committed=committed)
+    return out

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .._validate import check_int, check_int_sequence, check_positive_float
+from ..analysis import probes
 from ..analysis.probes import shift_attention_change
 from .sliders import _check_panels
 from .style import color_for, label_of
@@ -202,3 +203,34 @@ def logit_rows_by_offset(panels: dict, title: str, target_offset: int | None = N
             fig.add_vline(x=-target_offset, line=dict(color="black", dash="dash", width=1), row=c + 1, col=1)
     fig.update_layout(title=title, height=120 + 260 * n)
     return fig
+
+
+# --- the exercises' numbers (chapter 2, "Exercises": the solutions quote this page's run)
+def float32_angle_numbers(model, seq_len: int, shift: int = 10**7) -> dict:
+    """Exercise 3: a trained RoPE head's query row with its angles formed in float32 at positions
+    ``shift .. shift + seq_len - 1``, against the exact (float64) angles.
+
+    Returns:
+        ``{name: value}`` for the glue names ``ch2_ex3_<name>``: ``change_min``, ``change_max`` (over the
+        seeds, the largest change of the query row), ``err1``, ``err2`` (the largest float32 angle error of
+        pairs 1 and 2 at those positions, rad), ``err_max`` (of any pair), ``r_min``, ``r_max`` (the
+        amplitudes ``r_i`` of pairs 0 and 1 over the seeds, logit units) and ``bound_min``, ``bound_max``
+        (over the seeds, ``2 sum_i r_i eps_i``: the query's and the key's angles each off by at most
+        ``eps_i``, a term ``r_i cos(theta_i D - phi_i)`` moves by at most ``2 r_i eps_i``).
+
+    Source: chapter 2, exercise 3.
+    """
+    from ..analysis.kernel import carrier_spectrum
+
+    exact = probes.position_logits(model, seq_len, shift)
+    low = probes.position_logits(model, seq_len, shift, angle_dtype="float32")
+    change = (low - exact)[:, -1].abs().amax(-1).double().cpu()  # per seed
+    positions = torch.arange(shift, shift + seq_len)
+    cfg = model.config
+    eps = probes.rope_angle_error(positions, cfg.d_head, cfg.pe.base, dtype=torch.float32).amax(0)  # per pair
+    r = carrier_spectrum(model).r  # [M, pairs]
+    bound = 2 * (r * eps).sum(1)
+    return {"change_min": float(change.min()), "change_max": float(change.max()),
+            "err1": float(eps[1]), "err2": float(eps[2]), "err_max": float(eps.max()),
+            "r_min": float(r[:, :2].min()), "r_max": float(r[:, :2].max()),
+            "bound_min": float(bound.min()), "bound_max": float(bound.max())}

@@ -213,3 +213,49 @@ def per_position_curves(curves: dict, title: str, y_title: str, train_len: int |
                      range=None if x_max is None else [-0.5, x_max + 0.5])
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear", exponentformat="power" if log_y else None)
     return fig
+
+
+# --- the exercises' numbers (chapter 3, "Exercises": the solutions quote this page's run)
+def zeroed_unseen_rows(model, train_len: int):
+    """A copy of an APE ``RetrievalHead`` ensemble whose table rows ``t >= train_len`` are zero (exercise 1);
+    ``model`` is left as it is."""
+    import copy
+
+    import torch
+
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        zeroed.pe_params["table"][:, check_int("train_len", train_len, minimum=1):] = 0
+    return zeroed
+
+
+def pin_dilution(model, pin, seq_len: int, train_len: int) -> dict:
+    """How far below a fixed-length APE head's pin the other keys of its length-``seq_len`` row sit, and how long
+    a sequence must be before the pin gets less than half the attention (exercise 2).
+
+    Assumes that further unseen keys look like the row's ``seq_len - train_len`` unseen ones: with the unseen
+    keys a ``log mean exp`` gap ``g`` below the pin, ``L - train_len`` of them weigh ``(L - train_len) e^-g``,
+    one pin's worth at ``L = train_len + e^g``.
+
+    Args:
+        model: a position-only APE ``RetrievalHead`` ensemble (M models).
+        pin: per model, the pinned key position (``< train_len``).
+        seq_len: the row's length; train_len: the training length.
+
+    Returns:
+        dict of float64 tensors ``[M]``: ``best`` (pin minus the best unseen key, logits), ``gap`` (``g``),
+        ``trained`` (pin minus the best other trained key) and ``half`` (``train_len + e^g``, tokens).
+
+    Source: chapter 3, exercise 2.
+    """
+    import torch
+
+    s = model.scores(seq_len).detach().double()  # [M, L]
+    rows = torch.arange(s.shape[0])
+    at_pin = s[rows, pin]
+    unseen = s[:, train_len:]
+    trained = s[:, :train_len].clone()
+    trained[rows, pin] = float("-inf")
+    gap = at_pin - (torch.logsumexp(unseen, 1) - np.log(unseen.shape[1]))
+    return dict(best=at_pin - unseen.max(1).values, gap=gap, trained=at_pin - trained.max(1).values,
+                half=train_len + gap.exp())

@@ -9,7 +9,7 @@ import torch
 
 from .._validate import check_int, check_int_or_none, per_model
 from ..analysis.kernel import carrier_spectrum, measures, shuffled_phases
-from ..analysis import predictions
+from ..analysis import predictions, theory
 from ..analysis.falls import AliasReport
 from ..analysis.theory import separation_auc
 from .sliders import slider_figure
@@ -536,3 +536,84 @@ def censored_scatter(x, y, labels, x_limit: int, y_limit: int, x_title: str, y_t
                      range=[np.log10(low), np.log10(x_cens) + 0.35])
     fig.update_yaxes(title=y_title, type="log", tickvals=yv, ticktext=yt, range=[np.log10(low), np.log10(y_cens) + 0.15])
     return fig
+
+
+# --- the exercises' numbers (chapter 4, "Exercises": the solutions quote this page's run)
+def _count_clause(n: int, total: int, noun: str, what: str = "one") -> str:
+    """'none of the 20 <noun>s has <what>', 'every <noun> has <what>', '3 of the 20 <noun>s have <what>'."""
+    if n == 0:
+        return f"none of the {total} {noun}s has {what}"
+    if n == total:
+        return f"every {noun} has {what}"
+    return f"{n} of the {total} {noun}s {'has' if n == 1 else 'have'} {what}"
+
+
+def matched_filter_numbers(spec, offsets, train_len: int, max_distance: int = 20_000) -> dict:
+    """Exercise 1: the trained heads' amplitudes with every phase set to ``-theta_i k`` (a perfect matched
+    filter), against the trained kernels: which have a first alias up to ``max_distance``.
+
+    Returns:
+        ``{name: value}`` for the glue names ``ch4_ex1_<name>``: ``matched`` and ``trained`` (clauses: how
+        many heads have an alias), ``earliest`` (per offset, the earliest trained alias), ``lags`` (those
+        distances minus k) and ``all_pairs`` (a clause: the lags up to ``max_distance`` that bring every pair
+        within 0.4 rad of a whole turn, :func:`~lengthgen_utils.analysis.theory.pair_recurrences`).
+
+    Source: chapter 4, exercise 1.
+    """
+    from ..analysis.kernel import CarrierSpectrum, first_alias, kernel_at, relative_positions
+
+    ks = [int(k) for k in offsets]
+    phi = -spec.theta[None, :] * torch.tensor(ks, dtype=torch.float64)[:, None]
+    phi = torch.remainder(phi + np.pi, 2 * np.pi) - np.pi  # into (-pi, pi]
+    far = relative_positions(max_distance + 1)
+    matched = first_alias(kernel_at(CarrierSpectrum(spec.theta, spec.r, phi), far), ks, train_len)
+    trained = first_alias(kernel_at(spec, far), ks, train_len)
+    n = len(ks)
+    earliest = {k: min((a for a, kk in zip(trained, ks) if kk == k and a is not None), default=None)
+                for k in dict.fromkeys(ks)}
+    found = {k: a for k, a in earliest.items() if a is not None}
+    lags = sorted({a - k for k, a in found.items()})
+    every = theory.pair_recurrences(spec.theta, list(range(len(spec.theta))), max_distance, tolerance=0.4)
+    return {
+        "matched": _count_clause(sum(a is not None for a in matched), n, "matched filter", "an alias"),
+        "trained": _count_clause(sum(a is not None for a in trained), n, "trained head"),
+        "earliest": ", ".join(f"{a} (k = {k})" for k, a in found.items()) or "none",
+        "lags": ", ".join(map(str, lags)) or "none",
+        "all_pairs": (f"no lag up to {max_distance:,} brings all {len(spec.theta)} within 0.4 rad of one"
+                      if len(every) == 0 else f"{len(every)} lags up to {max_distance:,} bring all "
+                      f"{len(spec.theta)} within 0.4 rad of one, the first at {int(every[0])}"),
+    }
+
+
+def base_sweep_numbers(run, train_len: int, max_distance: int) -> dict:
+    """Exercise 2: a base sweep's heads (``run_offset_sweep``): their dominant pairs, the near-recurrences of
+    pairs 0 and 1, and how many fail by the longest evaluated length.
+
+    Returns:
+        ``{name: value}`` for the glue names ``ch4_ex2_<name>``: ``heads``, ``dominant`` (a clause: '0 and 1 in
+        13 heads, 0 and 2 in 6'), ``lags`` (the first lags where pairs 0 and 1 are both within pi/3 of a whole
+        turn), ``fail`` (heads below 0.95 by the longest length), ``share`` (their share), ``at_alias`` (of
+        them, those failing at the first evaluated length that holds their predicted alias).
+
+    Source: chapter 4, exercise 2.
+    """
+    from collections import Counter
+
+    from ..analysis.kernel import predicted_alias_distance
+
+    report = AliasReport.of(run.model, run.offsets, run.lengths, run.accuracy, train_len, max_distance)
+    _, dominant = predicted_alias_distance(run.model, run.offsets, train_len, max_distance)
+    parts = []
+    for i, ((a, b), n) in enumerate(Counter(tuple(sorted(d)) for d in dominant.tolist()).most_common()):
+        count = ("one head" if n == 1 else f"{n} heads") if i == 0 else ("one" if n == 1 else str(n))
+        parts.append(f"{a} and {b} in {count}")
+    lags = theory.pair_recurrences(carrier_spectrum(run.model).theta, [0, 1], 60).tolist()
+    failing = [i for i, f in enumerate(report.fail) if f is not None]
+    return {
+        "heads": len(report.fail),
+        "dominant": ", ".join(parts),
+        "lags": ", ".join(map(str, lags)),
+        "fail": len(failing),
+        "share": len(failing) / len(report.fail),
+        "at_alias": sum(report.fail[i] == report.predicted_fail[i] for i in failing),
+    }
