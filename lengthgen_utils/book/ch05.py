@@ -651,3 +651,61 @@ def distractor_ratio_by_head(lengths, plain, scaled, title: str, train_len: int 
                      exponentformat="power",
                      range=[float(np.log10(ys.min())) - 0.3, float(np.log10(ys.max())) + 0.3] if ys.size else None)
     return fig
+
+
+# --- the exercises' numbers (chapter 5, "Exercises": the solutions quote this page's run)
+def decay_numbers(book, decayed, train_len: int, max_distance: int, slow=slice(3, None), lag: int = 19) -> dict:
+    """Exercise 2: the book's heads against the strongly weight-decayed ones: the slow pairs' amplitudes and
+    the first aliases.
+
+    Args:
+        book, decayed: ``(model, offsets)`` of each regime (the first two entries of :func:`margin_regimes`).
+        train_len: the training length; max_distance: the farthest alias searched (tokens).
+        slow: the slow pairs (default 3 to 7); lag: the lag counted (pairs 0 and 1's first near-recurrence).
+
+    Returns:
+        ``{name: value}`` for the glue names ``ch5_ex2_<name>``: ``book_r_min``, ``book_r_max``,
+        ``decayed_r_min``, ``decayed_r_max`` (over the slow pairs, the median amplitude over the heads, nats),
+        ``at_lag`` (decayed heads whose first alias is at ``k + lag``), ``heads`` (decayed heads),
+        ``book_alias``, ``decayed_alias`` (median first alias over the heads with one, tokens) and ``moves``
+        ('falls' or 'rises': from the book's median to the decayed one).
+
+    Source: chapter 5, exercise 2.
+    """
+    out = {}
+    aliases = {}
+    for name, (model, offsets) in (("book", book), ("decayed", decayed)):
+        r = carrier_spectrum(model).r.median(0).values[slow]
+        out[f"{name}_r_min"], out[f"{name}_r_max"] = float(r.min()), float(r.max())
+        aliases[name] = first_alias(model, offsets, train_len, max_distance)
+        found = [a for a in aliases[name] if a is not None]
+        out[f"{name}_alias"] = float(np.median(found)) if found else float("nan")
+    out["at_lag"] = sum(a is not None and a - k == lag for a, k in zip(aliases["decayed"], decayed[1]))
+    out["heads"] = len(aliases["decayed"])
+    out["moves"] = "falls" if out["decayed_alias"] < out["book_alias"] else "rises"
+    return out
+
+
+def temperature_numbers(law_trained: dict, kinds, law_book: dict, kinds_book) -> dict:
+    """Exercise 3: heads trained with the log-length temperature against the book's recipe.
+
+    Args:
+        law_trained, law_book: :func:`~lengthgen_utils.analysis.kernel.dilution_law_fit` of each
+            (``margin``, ``r2`` per head).
+        kinds, kinds_book: how each head falls (``probes.accuracy_transition``'s ``kind``), the temperature
+            heads evaluated with the same scale.
+
+    Returns:
+        ``{name: value}`` for the glue names ``ch5_ex3_<name>``: ``margin_min``, ``margin_max``,
+        ``margin_median``, ``book_margin`` (the book's median), ``smaller`` ('no smaller than' or 'smaller
+        than': the temperature heads' median margin against the book's), ``lawful`` (heads with
+        ``R^2 >= 0.9``), ``heads``, ``falls`` and ``book_falls`` (:func:`count_kinds`).
+
+    Source: chapter 5, exercise 3.
+    """
+    margin, book = law_trained["margin"], float(law_book["margin"].median())
+    return {"margin_min": float(margin.min()), "margin_max": float(margin.max()),
+            "margin_median": float(margin.median()), "book_margin": book,
+            "smaller": "no smaller than" if float(margin.median()) >= book else "smaller than",
+            "lawful": int((law_trained["r2"] >= 0.9).sum()), "heads": len(margin),
+            "falls": count_kinds(kinds), "book_falls": count_kinds(kinds_book)}
