@@ -136,3 +136,44 @@ def halves_table(by_length: dict, train_halves, caption: str):
                      f"{float(acc.min()):.3f}"])
     return Table(["L", "half n", "trained", "mean", "lowest seed"], rows, caption=caption)
 
+
+
+# --- the exercises' numbers (chapter 8, "Exercises": the solutions quote this page's run)
+def large_start_numbers(run, target: int, fit: float = 0.95) -> dict:
+    """Exercise 3: a recurrent ensemble trained from a large initial transition (``run_recurrent``).
+
+    Returns:
+        ``{name: value}`` for the glue names ``ch8_ex3_<name>``: ``radius_min``, ``radius_max`` (largest
+        |eigenvalue| of the trained ``A`` over the seeds), ``radius_init`` (the largest before training),
+        ``fit`` (seeds at ``fit`` or above at the training length), ``seeds``, ``fit_min`` (the lowest
+        accuracy of those seeds at any evaluated length), ``unfit`` (a clause on the others), ``gap`` (over
+        the seeds, the largest |accuracy at the longest length - at the training length|), ``carries`` (a
+        clause: whether every seed's gap is at most 0.1), ``stable`` (the seeds whose trained ``A`` has every
+        |eigenvalue| below 1) and ``far`` (the largest kernel norm beyond the window relative to the target's,
+        :func:`far_weight`).
+
+    Source: chapter 8, exercise 3.
+    """
+    acc, radius = run.accuracy, run.model.spectral_radius()
+    fitted = acc[:, 0] >= fit
+    unfit = [(float(a[0]), float(a[-1])) for a, f in zip(acc, fitted) if not f]
+    steps = run.experiment.steps
+    if not unfit:
+        unfit_text = "every seed fits"
+    elif len(unfit) == 1:
+        unfit_text = (f"one has not fitted after {steps} steps ({unfit[0][0]:.3f} at the training length) and "
+                      f"keeps {unfit[0][1]:.3f} at {max(run.lengths)} tokens")
+    else:
+        unfit_text = (f"{len(unfit)} have not fitted after {steps} steps ("
+                      + ", ".join(f"{a:.3f}" for a, _ in unfit) + " at the training length)")
+    lengths, train_len = run.lengths, run.experiment.train_len
+    gap = float((acc[:, -1] - acc[:, 0]).abs().max())
+    return {"radius_min": float(radius.min()), "radius_max": float(radius.max()),
+            "radius_init": float(run.initial_model().spectral_radius().max()),
+            "fit": int(fitted.sum()), "seeds": len(acc),
+            "fit_min": float(acc[fitted].min()) if fitted.any() else float("nan"), "unfit": unfit_text,
+            "gap": gap,
+            "carries": "the rule still carries over" if gap <= 0.1 else "not every seed carries its rule over",
+            "stable": ("every seed" if bool((radius < 1).all())
+                       else f"{int((radius < 1).sum())} of the {len(acc)} seeds"),
+            "far": float(far_weight(run.model, target, train_len, max(lengths)).max())}
