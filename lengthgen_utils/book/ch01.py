@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..analysis import predictions
+from ..analysis import falls, predictions
 from ..analysis.kernel import carrier_spectrum, kernel_at
 from ..analysis.rates import permutation_p
 
@@ -158,13 +158,6 @@ def seed_spread(values) -> str:
     return f"the seeds score {lo:.3f} to {hi:.3f}"
 
 
-def first_failures(lengths, accuracy, threshold: float = 0.95) -> list:
-    """Per head (a row of ``accuracy [M, len(lengths)]``), the first length with accuracy below ``threshold``,
-    or None where there is none."""
-    return [next((int(L) for L, a in zip(lengths, row.tolist()) if a < threshold), None)
-            for row in torch.as_tensor(accuracy)]
-
-
 def failure_clause(first, train_len: int, longest: int) -> str:
     """Where the seeds first fail, as a clause: '3 seeds fail from 64 tokens (4x) and 2 from 512 (32x)',
     '1 seed fails from 128 tokens (8x), 2 from 512 (32x) and 2 hold to 1024 (64x)', 'all 5 seeds hold to
@@ -220,12 +213,11 @@ def halved_head_numbers(runs: dict, offset: int, train_len: int, max_distance: i
     out, agree, heads = {}, 0, 0
     committed = predictions.load_prediction("single head", base, 8, offset, train_len)["first_alias"]
     for d_head, (model, lengths, accuracy) in runs.items():
-        first = first_failures(lengths, accuracy)
+        first = falls.first_failure(lengths, accuracy)
         aliases = first_alias(model, offset, train_len, max_distance)
         out[f"fail{d_head}"] = failure_clause(first, train_len, max(lengths))
         out[f"alias{d_head}"] = alias_clause(aliases, max_distance)
-        agree += sum(f == next((L for L in lengths if a is not None and L > a), None)
-                     for f, a in zip(first, aliases))
+        agree += sum(f == h for f, h in zip(first, falls.first_length_holding(aliases, lengths)))
         heads += len(first)
         if d_head == 8:
             n = sum(a is not None and a < committed for a in aliases)
