@@ -2,7 +2,7 @@
 
 Each page under ``chapters/`` gets, right under its title, a paragraph (class ``run-locally``) that
 names the steps: a clone of the book's repository, the README's two commands, and the chapter's own
-notebook to open in Jupyter, with a link to the page "How to run this yourself" (``running``). The
+notebook to open in Jupyter (or the page's download button), where the exercises run, with a link to the page "How to run this yourself" (``running``). The
 line is added to the parsed page, so no notebook carries it and a new chapter gets it without an
 edit. The chapters' pages are found by their document name (``chapters/...``).
 """
@@ -31,7 +31,9 @@ def run_locally_line(docname: str, source_suffix: str = ".ipynb") -> nodes.parag
     line += nodes.literal(text=COMMANDS[1])
     line += nodes.Text(" tests it), then open ")
     line += nodes.literal(text=docname + source_suffix)
-    line += nodes.Text(" in Jupyter (")
+    line += nodes.Text(" in Jupyter, or take it from this page's download button (the arrow at the top) into a "
+                       "Python environment with the requirements installed. The exercises run there: this web page "
+                       "shows the book's own run and cannot execute code (")
     link = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget="/running", refexplicit=True,
                                  refdoc=docname, refwarn=True)
     link += nodes.inline(text="how to run this yourself", classes=["xref", "std", "std-doc"])

@@ -33,6 +33,7 @@ def test_a_chapter_page_gets_the_line_under_its_title():
     text = section[1].astext()
     assert "clone of the book's repository" in text and "chapters/01_retrieval_task.ipynb" in text
     assert all(command in text for command in run_locally.COMMANDS)
+    assert "download button" in text and "exercises run there" in text  # a web reader's way to run them
     assert section[2].astext() == "Question."
     (link,) = section[1].findall(addnodes.pending_xref)
     assert link["reftype"] == "doc" and link["reftarget"] == "/running"
