@@ -164,9 +164,11 @@ ONE_VALUE = {
                "predictions.predict", "predictions.load_prediction",  # one head's setting, no model
                "implicit_bias.margin_constraints", "implicit_bias.max_margin_kernel",
                "implicit_bias.decoy_kernel",
-               "implicit_bias.linf_max_margin_kernel"},  # chapter 5c: one closed-form kernel, one offset
+               "implicit_bias.linf_max_margin_kernel",  # chapter 5c: one closed-form kernel, one offset
+               "ch01.halved_head_numbers"},  # chapter 1's exercise: one offset for both d_head runs
     "seeds": {  # a result's record, filled by the runner
-              "live.accuracy_panel"},  # the range of a live panel's seed slider
+              "live.accuracy_panel",  # the range of a live panel's seed slider
+              "ch06.random_start"},  # chapter 6's exercise: one seed per head, the list defines M
     # the weights of alignment are a [N, P] matrix checked by shape against the spectrum's rows
     "task": {"configs.TransformerExperiment", "tasks.shared_task", "evaluation.lag_agreement", "probes.head_carriers",
              "probes.copy_head_placement", "probes.copying_head_reads",
