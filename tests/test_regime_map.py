@@ -169,10 +169,12 @@ def test_classify_falls_by_its_stated_rule():
         "cliff at alias": [1, 1, 1, 1, 0.07, 0.07, 0.07, 0.07, 0.07],
         "cliff elsewhere": [1, 1, 0.07, 0.07, 0.07, 0.07, 0.07, 0.07, 0.07],
         "gradual": [1, 0.95, 0.88, 0.8, 0.72, 0.64, 0.56, 0.5, 0.45],
-        "gradual ": [1, 1, 1, 1, 1, 1, 0.85, 0.8, 0.75],  # below 0.9, never halfway: gradual too
+        "gradual ": [1, 1, 1, 1, 1, 1, 0.85, 0.8, 0.75],  # below 0.9 three steps before the end, never halfway
+        "cut off": [1, 1, 1, 1, 1, 1, 1, 0.85, 0.8],  # below 0.9 two steps before the end: a cliff could follow
+        "cut off ": [1, 1, 1, 1, 1, 1, 1, 1, 0.6],  # below 0.9 at the last length
     }
     acc = np.array(list(rows.values()))
-    alias = [None, None, 32, 32, None, None]
+    alias = [None, None, 32, 32, None, None, None, None]
     assert falls.classify_falls(acc, lengths, alias, chance=1 / 16) == [k.strip() for k in rows]
     assert ch05b.outcome(["holds", "gradual", "gradual", "holds"]) == "holds"  # ties to the earlier class
     assert ch05b.outcome(["gradual", "cliff at alias", "gradual"]) == "gradual"

@@ -16,7 +16,7 @@ from .kernel import carrier_spectrum, first_alias, predicted_alias_distance
 from .probes import accuracy_transition
 from .theory import pair_recurrences
 
-FALLS = ("not fitted", "holds", "cliff at alias", "cliff elsewhere", "gradual")
+FALLS = ("not fitted", "holds", "cliff at alias", "cliff elsewhere", "gradual", "cut off")
 """How a head's accuracy falls on the fine grid, the classes of :func:`classify_falls` (in the diagram's order)."""
 FIT_LEVEL = 0.9
 """Accuracy at the training length (and the level every rule here predicts) at which a head counts as fitted."""
@@ -128,7 +128,11 @@ def classify_falls(accuracy, lengths, alias_lengths, chance: float) -> list[str]
     * **cliff**: width at most :data:`CLIFF_WIDTH` octaves; **at alias** when at least :data:`ALIAS_SHARE` of
       the drop happens within one grid step of the first length holding the head's predicted alias
       (:func:`drop_near_alias`), **elsewhere** otherwise (or without an alias);
-    * **gradual**: wider than :data:`CLIFF_WIDTH`, or below 0.9 but never below halfway on the grid.
+    * **gradual**: wider than :data:`CLIFF_WIDTH`, or below 0.9 but never below halfway on the grid, with
+      ``L_high`` three or more grid steps before the grid's end would continue (so its width is more than a
+      cliff's two steps);
+    * **cut off**: first below 0.9 at one of the grid's last two lengths and never below halfway: a cliff's two
+      steps would end beyond the grid, so the grid cannot tell a cliff from a gradual fall.
 
     Args:
         accuracy: ``[M, n]`` accuracies at ``lengths``.
@@ -149,14 +153,16 @@ def classify_falls(accuracy, lengths, alias_lengths, chance: float) -> list[str]
                                gradual=CLIFF_WIDTH + 1e-9)
     share = drop_near_alias(np.asarray(accuracy, dtype=float), lengths, alias_lengths)
     out = []
-    for kind, s in zip(fall["kind"], share):
+    for kind, high, s in zip(fall["kind"], fall["high"], share):
         if kind == "not learned":
             out.append("not fitted")
         elif kind == "holds":
             out.append("holds")
         elif kind == "cliff":
             out.append("cliff at alias" if s >= ALIAS_SHARE else "cliff elsewhere")
-        else:  # gradual, or partial (never below halfway within the grid)
+        elif kind == "partial" and list(lengths).index(high) >= len(lengths) - 2:
+            out.append("cut off")  # a cliff's two steps from L_high would end beyond the grid
+        else:  # gradual, or partial whose width is already more than a cliff's
             out.append("gradual")
     return out
 

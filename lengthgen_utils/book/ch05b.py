@@ -22,9 +22,9 @@ from .render import FIGURE_HEIGHT
 from .sliders import slider_figure
 from .tables import Table
 
-FALL_COLORS = ("#bdbdbd", "#2ca02c", "#d62728", "#ff7f0e", "#1f77b4")
-FALL_KEYS = ("none", "holds", "alias", "cliff", "gradual")
-"""The colour key's short names of :data:`FALLS` (five fit side by side under a phone's column, unrotated)."""
+FALL_COLORS = ("#bdbdbd", "#2ca02c", "#d62728", "#ff7f0e", "#1f77b4", "#9467bd")
+FALL_KEYS = ("none", "holds", "alias", "cliff", "gradual", "cut off")
+"""The colour key's short names of :data:`FALLS` (six fit side by side under a phone's column, unrotated)."""
 LOW_RANK_AUC = 0.8
 """A cell's carrier is low rank beyond its initialisation when its top-2 share beats the untrained null at this AUC."""
 
@@ -195,7 +195,7 @@ def phase_panel(reports: dict, config, step: int, title: str) -> go.Figure:
             best = outcome(rep["falls"])
             zr.append(FALLS.index(best))
             short = {"not fitted": "none", "holds": "holds", "cliff at alias": "alias", "cliff elsewhere": "cliff",
-                     "gradual": "grad."}[best]
+                     "gradual": "grad.", "cut off": "cut off"}[best]
             tr.append(f"{short}<br>{rep['falls'].count(best)}/{len(rep['falls'])}")
             hr.append(_hover(rep, base, wd))
         z.append(zr), text.append(tr), hover.append(hr)
