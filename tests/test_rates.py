@@ -86,6 +86,22 @@ def test_beats_null_is_a_test_at_a_stated_level():
         check.beats_null("level", 0.1, 1.0, null="x")
 
 
+def test_rate_beats_is_fisher_against_null_units_and_binomial_against_a_rate():
+    check = Checks("tests/rate_beats")
+    assert check.rate_beats("5 of 5 vs 0 of 5", [True] * 5, [False] * 5, 0.05, against="controls")
+    assert check.results[-1]["value"] == pytest.approx(fisher_p(5, 5, 0, 5))  # 1 / C(10, 5)
+    assert not check.rate_beats("3 of 5 vs 0 of 5", [1, 1, 1, 0, 0], [0] * 5, 0.05, against="controls")
+    assert check.rate_beats("9 of 9 vs chance 0.05", [True] * 9, 0.05, 0.01, against="chance")
+    assert check.results[-1]["value"] == pytest.approx(0.05 ** 9)
+    assert not check.rate_beats("1 of 9 vs chance 0.05", [True] + [False] * 8, 0.05, 0.01, against="chance")
+    with pytest.raises(ValueError, match="null rate"):
+        check.rate_beats("p0", [True], 1.5, 0.05, against="x")
+    with pytest.raises(ValueError, match="no units"):
+        check.rate_beats("empty null", [True], [], 0.05, against="x")
+    with pytest.raises(TypeError, match="null is"):
+        check.rate_beats("against", [True], [False], 0.05, against="")
+
+
 def test_an_unstable_recurrent_seed_counts_as_failing_not_raising():
     from lengthgen_utils.book import ch08
     from lengthgen_utils.core.models import LinearRNN

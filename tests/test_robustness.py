@@ -201,6 +201,9 @@ def test_the_conditions_cover_cpu_kernels_thread_counts_and_three_seed_bases():
     assert sum(n.startswith("seed=") for n in names) >= 3
     native = torch.backends.cpu.get_cpu_capability().upper()
     assert f"kernels={native}" not in names  # the machine condition is the native kernels
+    combined = [c for c in robustness.conditions((61, 62)) if c.name == "seed=62+kernels=DEFAULT+threads=2"]
+    assert len(combined) == 1 and combined[0].env == {"LENGTHGEN_SEED": "62", "ATEN_CPU_CAPABILITY": "default",
+                                                       "LENGTHGEN_THREADS": "2"}
 
 
 def test_the_report_shows_pass_fail_ranges_and_margins():

@@ -139,9 +139,18 @@ def explorer_numbers(grid: dict, offsets) -> dict:
 
 
 # --- the exercises' numbers (chapter 1, "Exercises": the solutions quote this page's run)
-def _and_list(items) -> str:
-    """'a', 'a and b', 'a, b and c'."""
+def and_list(items) -> str:
+    """A list in words: ``[1]`` -> '1', ``[1, 2]`` -> '1 and 2', ``[1, 2, 3]`` -> '1, 2 and 3'.
+
+    Args:
+        items: at least one item (each written with ``str``).
+
+    Raises:
+        ValueError: ``items`` is empty.
+    """
     items = [str(i) for i in items]
+    if not items:
+        raise ValueError("and_list: items must hold at least one item; got none")
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -173,7 +182,7 @@ def failure_clause(first, train_len: int, longest: int) -> str:
                      else f"{n} from {L} ({L // train_len}x)")
     if holding:
         parts.append(f"{holding} hold{'s' if holding == 1 else ''} to {longest} ({longest // train_len}x)")
-    return _and_list(parts)
+    return and_list(parts)
 
 
 def alias_clause(aliases, max_distance: int) -> str:
@@ -183,7 +192,7 @@ def alias_clause(aliases, max_distance: int) -> str:
     missing = sum(a is None for a in aliases)
     if not found:
         return f"no first alias up to {max_distance}"
-    text = f"first aliases at distances {_and_list(found)}"
+    text = f"first aliases at distances {and_list(found)}"
     if missing:
         text += f" ({missing} {'has' if missing == 1 else 'have'} none up to {max_distance})"
     return text

@@ -9,6 +9,7 @@ A checks cell states each assertion through one :class:`Checks` object instead o
     checks.at_most("max |logit change| under a shift", dlogit, 1e-5, code=True)  # a test of the code
     checks.rate_at_least("seeds at >= 0.95 up to 4x", holds, 0.5, reason="a majority")  # Wilson lower end
     checks.beats_null("hits minus the shuffled null", p, 0.01, null="shuffled heads, permutation test")
+    checks.rate_beats("seeds at >= 0.95 to 16x", holds, null_holds, 0.05, against="the linear heads")
     checks.finish()  # raises AssertionError listing every check that failed
 
 Each check is kept with its *margin*: how far the value is from failing, in the quantity's own units
@@ -30,7 +31,7 @@ import os
 import tempfile
 import time
 
-from ..analysis.rates import rate_text, wilson_interval
+from ..analysis.rates import binomial_p, fisher_p, rate_text, wilson_interval
 from ..run.profiles import get_profile
 
 
@@ -189,6 +190,40 @@ class Checks:
             raise ValueError(f"check {name!r}: level must be in (0, 1); got {level}")
         text = f"one-sided p against {null}" + ("" if detail is None else f"; {detail}")
         return self.at_most(name, p_value, level, detail=text)
+
+    def rate_beats(self, name: str, flags, null, level, *, against: str) -> bool:
+        """Check that a rate beats its null's by a one-sided exact test: ``p <= level``.
+
+        The null is either the same flags measured on the null's units (an untrained, conditioned or control
+        model: a one-sided Fisher exact test that ``flags`` hold more often) or the rate ``p0`` at which a unit
+        would hold by chance (an exact binomial test). The record's value is the p-value; its detail keeps both
+        rates with their intervals.
+
+        Args:
+            flags: booleans, one per unit of the trained heads (seeds, (offset, seed) pairs), at least one.
+            null: booleans, one per unit of the null (at least one), or a rate ``p0`` in [0, 1].
+            level: the stated significance level, in (0, 1).
+            against: what the null is, e.g. "the rotation transition's seeds" (a non-empty str).
+
+        Raises:
+            TypeError / ValueError: no units; ``level`` outside (0, 1); ``p0`` outside [0, 1]; an empty
+            ``against``.
+
+        Source: :func:`~lengthgen_utils.analysis.rates.fisher_p`, :func:`~lengthgen_utils.analysis.rates.binomial_p`.
+        """
+        if not isinstance(against, str) or not against:
+            raise TypeError(f"check {name!r}: say what the null is (a non-empty str)")
+        m, n = self._count(name, flags)
+        if isinstance(null, numbers.Real) and not isinstance(null, bool):
+            p0 = _number(name, null)
+            if not 0.0 <= p0 <= 1.0:
+                raise ValueError(f"check {name!r}: a null rate must be in [0, 1]; got {p0}")
+            p, test, base = binomial_p(m, n, p0), "exact binomial", f"{p0:.3g}"
+        else:
+            m0, n0 = self._count(name, null)
+            p, test, base = fisher_p(m, n, m0, n0), "Fisher exact test", rate_text(m0, n0)
+        return self.beats_null(name, p, level, null=f"{against} ({test})",
+                               detail=f"{rate_text(m, n)} against {base}")
 
     @staticmethod
     def _count(name: str, flags) -> tuple[int, int]:

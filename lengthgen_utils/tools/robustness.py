@@ -19,7 +19,9 @@ The conditions (``--conditions`` picks some by name):
 * ``threads=1`` and ``threads=2``: ``LENGTHGEN_THREADS`` for every path (reductions split differently);
 * ``seed=1``, ``seed=2``, ``seed=3``: ``LENGTHGEN_SEED``, another seed set for every model, training
   stream, null and evaluation sample;
-* ``seed=4+kernels=DEFAULT``: both at once, the perturbation CI runs after the tests (``.ci/run``).
+* ``seed=4+kernels=DEFAULT``: both at once, the perturbation CI runs after the tests (``.ci/run``);
+* ``seed=N+kernels=DEFAULT+threads=2``: the last of ``--seed-bases`` with torch's scalar kernels and two
+  threads, every perturbation at once.
 
 None of them changes what a claim depends on; a check that fails under one is fragile, and a claim
 that is really a rate must be stated as one. A condition's results cache is kept in
@@ -77,6 +79,8 @@ def conditions(seed_bases=(1, 2, 3)) -> list[Condition]:
     out += [Condition(f"threads={n}", {THREADS_ENV: str(n)}) for n in (1, 2)]
     out += [Condition(f"seed={s}", {SEED_ENV: str(s)}) for s in seed_bases]
     out.append(Condition(f"seed={CI_SEED}+kernels=DEFAULT", {SEED_ENV: str(CI_SEED), CAPABILITY_ENV: "default"}))
+    out += [Condition(f"seed={s}+kernels=DEFAULT+threads=2",  # all three at once, on the last seed base
+                      {SEED_ENV: str(s), CAPABILITY_ENV: "default", THREADS_ENV: "2"}) for s in seed_bases[-1:]]
     return out
 
 
