@@ -6,7 +6,8 @@ import pytest
 import torch
 from scipy import stats
 
-from lengthgen_utils.analysis.rates import binomial_p, fisher_p, permutation_p, rate_text, wilson_interval
+from lengthgen_utils.analysis.rates import (binomial_p, fisher_p, permutation_p, rank_sum_p, rate_text,
+                                           wilson_interval)
 from lengthgen_utils.book.checks import Checks
 
 
@@ -128,3 +129,38 @@ def test_an_unstable_recurrent_seed_counts_as_failing_not_raising():
     assert ch08.unstable_phrase(model.subset([0, 2]), 256) == ""
     # an ensemble with no unstable seed is scored exactly as accuracy_by_length scores it
     assert torch.equal(recurrent_accuracy(model.subset([0, 2]), task, lengths, n_samples=64), stable)
+
+
+@pytest.mark.parametrize("x,y", [([0.9, 0.95, 1.0, 0.97, 0.99], [0.1, 0.2, 0.15, 0.3, 0.05]),
+                                 ([3.0, 1.0, 4.0, 1.5], [2.0, 0.5, 2.5, 6.0, 0.7, 0.9]),
+                                 ([0.2, 0.1], [0.3, 0.4, 0.5])])
+def test_rank_sum_p_is_scipys_exact_mann_whitney_without_ties(x, y):
+    assert rank_sum_p(x, y) == pytest.approx(stats.mannwhitneyu(x, y, alternative="greater", method="exact").pvalue)
+
+
+def test_rank_sum_p_handles_ties_and_draws_when_splits_are_many():
+    x, y = [1.0, 1.0, 1.0, 0.5], [0.5, 0.5, 0.0]  # ties: the permutation distribution itself
+    exact = stats.permutation_test((x, y), lambda a, b: stats.mannwhitneyu(a, b).statistic,
+                                   permutation_type="independent", alternative="greater").pvalue
+    assert rank_sum_p(x, y) == pytest.approx(exact)
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.rand(14, generator=gen) + 0.3, torch.rand(14, generator=gen)
+    drawn = rank_sum_p(a, b, max_splits=5000)  # C(28, 14) > 5000 splits: drawn, not enumerated
+    exact = stats.mannwhitneyu(a.tolist(), b.tolist(), alternative="greater", method="exact").pvalue
+    assert abs(drawn - exact) < 0.01 + 3 * math.sqrt(exact / 5000)
+    with pytest.raises(ValueError, match="at least one"):
+        rank_sum_p([], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        rank_sum_p([float("nan")], [1.0])
+
+
+def test_ranks_above_is_a_rank_test_where_a_flag_test_cannot_pass():
+    check = Checks("chapters/x")
+    trained, null = [1.0, 1.0, 1.0, 0.93, 0.91], [0.1, 0.06, 0.2, 0.12, 0.08]
+    assert not check.rate_beats("flags", [v >= 0.95 for v in trained], [v >= 0.95 for v in null], 0.05,
+                                against="null")  # 3/5 against 0/5: Fisher p = 1/12
+    assert check.ranks_above("numbers", trained, null, 0.05, against="null")  # every pair ordered: 1/252
+    assert check.results[-1]["value"] == pytest.approx(1 / 252)
+    assert not check.ranks_above("no better", null, trained, 0.05, against="null")
+    with pytest.raises(TypeError, match="null is"):
+        check.ranks_above("against", [1.0], [0.0], 0.05, against="")

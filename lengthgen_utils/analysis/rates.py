@@ -9,15 +9,18 @@ under what some seed sets gave":
   "at most";
 * **a test against the null**: the trained heads beat their null with a one-sided p-value below a
   stated level, exact where the null is a rate (:func:`binomial_p`, :func:`fisher_p`) and a
-  permutation p-value where the null is a distribution of draws (:func:`permutation_p`).
+  permutation p-value where the null is a distribution of draws (:func:`permutation_p`), or a rank
+  test where each unit carries a number rather than a flag (:func:`rank_sum_p`).
 
 Sources: E. B. Wilson, "Probable inference, the law of succession, and statistical inference" (JASA
 1927); R. A. Fisher, *Statistical Methods for Research Workers* (1925), the exact test of a 2x2
 table; B. Phipson and G. K. Smyth, "Permutation p-values should never be zero" (2010), the ``+1``
-of :func:`permutation_p`.
+of :func:`permutation_p`; H. B. Mann and D. R. Whitney, "On a test of whether one of two random
+variables is stochastically larger than the other" (Ann. Math. Statist. 1947), :func:`rank_sum_p`.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from .._validate import check_int
@@ -123,6 +126,49 @@ def permutation_p(statistic: float, null) -> float:
     if not all(math.isfinite(v) for v in values) or not math.isfinite(float(statistic)):
         raise ValueError(f"the statistic and every null draw must be finite; got statistic {statistic!r}")
     return (1 + sum(v >= float(statistic) - 1e-12 for v in values)) / (1 + len(values))
+
+
+def rank_sum_p(values, null, max_splits: int = 200_000) -> float:
+    """One-sided permutation p-value that ``values`` rank above ``null`` (the Mann-Whitney statistic).
+
+    The statistic is ``U``, the number of (value, null) pairs in which the value is larger (ties count
+    one half), i.e. the sum of the values' mid-ranks in the pooled sample less its least possible sum.
+    Its null distribution is that of every split of the pooled sample into groups of the two sizes:
+    enumerated exactly up to ``max_splits`` splits (5 against 5: 252; 10 against 10: 184,756), else
+    drawn (``max_splits`` random splits, generator seed 0, :func:`permutation_p`). Ties are exact.
+
+    Args:
+        values: the trained heads' numbers (larger is better), a sequence or 1-d tensor, at least one.
+        null: the null's numbers, at least one.
+
+    Returns:
+        ``P(U_split >= U_observed)``, in (0, 1].
+
+    Raises:
+        ValueError: an empty group; a number that is not finite.
+
+    Source: H. B. Mann and D. R. Whitney (1947); the exact permutation test of the rank sum.
+    """
+    x = [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+    y = [float(v) for v in (null.tolist() if hasattr(null, "tolist") else null)]
+    if not x or not y:
+        raise ValueError(f"values and null must each hold at least one number; got {len(x)} and {len(y)}")
+    if not all(math.isfinite(v) for v in x + y):
+        raise ValueError("values and null must be finite")
+    pooled = sorted(x + y)
+    rank = {v: (pooled.index(v) + len(pooled) - pooled[::-1].index(v) + 1) / 2 for v in pooled}  # mid-ranks
+    ranks = [rank[v] for v in x + y]
+    observed = sum(ranks[: len(x)])
+    if math.comb(len(ranks), len(x)) <= max_splits:  # every split, exactly
+        sums = [sum(ranks[i] for i in split) for split in itertools.combinations(range(len(ranks)), len(x))]
+        return sum(s >= observed - 1e-9 for s in sums) / len(sums)
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    table = torch.tensor(ranks, dtype=torch.float64)
+    draws = [table[torch.randperm(len(ranks), generator=gen)[: len(x)]].sum().item()
+             for _ in range(max_splits)]
+    return permutation_p(observed, draws)
 
 
 def shuffled_agreement(predicted, measured, groups=None, n_null: int = 2000, seed: int = 0) -> dict:

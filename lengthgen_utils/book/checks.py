@@ -28,10 +28,11 @@ import json
 import math
 import numbers
 import os
+import statistics
 import tempfile
 import time
 
-from ..analysis.rates import binomial_p, fisher_p, rate_text, wilson_interval
+from ..analysis.rates import binomial_p, fisher_p, rank_sum_p, rate_text, wilson_interval
 from ..run.profiles import get_profile
 
 
@@ -224,6 +225,35 @@ class Checks:
             p, test, base = fisher_p(m, n, m0, n0), "Fisher exact test", rate_text(m0, n0)
         return self.beats_null(name, p, level, null=f"{against} ({test})",
                                detail=f"{rate_text(m, n)} against {base}")
+
+    def ranks_above(self, name: str, values, null, level, *, against: str) -> bool:
+        """Check that the trained heads' numbers rank above their null's: one-sided rank test, ``p <= level``.
+
+        Where each unit carries a number (a seed's lowest accuracy up to 4x) and the claim is that the
+        trained heads do better than their null, the number keeps what a flag at a threshold throws away:
+        five seeds against five cannot pass a Fisher test at 0.05 with three hits against none, while a
+        rank test passes when every seed beats every null seed (p = 1/252). The record's value is the
+        p-value; its detail gives both groups' medians and sizes.
+
+        Args:
+            values: the trained heads' numbers (larger is better), at least one.
+            null: the null's numbers (a control, an untrained or conditioned model), at least one.
+            level: the stated significance level, in (0, 1).
+            against: what the null is (a non-empty str).
+
+        Raises:
+            TypeError / ValueError: an empty group or ``against``; a number that is not finite; ``level``
+            outside (0, 1).
+
+        Source: :func:`~lengthgen_utils.analysis.rates.rank_sum_p`.
+        """
+        if not isinstance(against, str) or not against:
+            raise TypeError(f"check {name!r}: say what the null is (a non-empty str)")
+        x, y = ([float(v) for v in (g.tolist() if hasattr(g, "tolist") else g)] for g in (values, null))
+        p = rank_sum_p(x, y)
+        return self.beats_null(name, p, level, null=f"{against} (rank test)",
+                               detail=f"median {statistics.median(x):.3g} of {len(x)} against "
+                                      f"{statistics.median(y):.3g} of {len(y)}")
 
     @staticmethod
     def _count(name: str, flags) -> tuple[int, int]:
