@@ -3,8 +3,9 @@
 The page's recipe code blocks are read from the page itself and executed: the new position encoding is
 taken through the readable and the fast transformer, the single head, the runners, a probe and a figure;
 the new query task through the single-head experiments; the new full-sequence task through the transformer
-runner. Each check asks for what only the new class does (its name in the run's records, its bias, its
-targets), so a recipe that silently fell back to a built-in encoding or task fails here. The registries are
+runner; the new chapter's checks cell through the scoreboard's records. Each check asks for what only the new
+class does (its name in the run's records, its bias, its targets), so a recipe that silently fell back to a
+built-in encoding or task fails here. The registries are
 restored afterwards, so the rest of the suite never sees the recipe's classes.
 
 The last tests check what the page says about imports: the direction between sub-packages, no cycles, and
@@ -35,6 +36,7 @@ PACKAGE = ROOT / "lengthgen_utils"
 ENCODING_RECIPE = "Recipe: add a position encoding"
 TASK_RECIPE = "Recipe: add a task"
 OPTIMIZER_RECIPE = "Recipe: change the optimiser"
+CHAPTER_RECIPE = "Recipe: add a chapter with a claim"
 
 # the smallest single head and transformer that train in well under a second
 HEAD = dict(n_seeds=2, steps=5, batch_size=8, eval_samples=16, vocab_size=8, train_len=8, d_model=8, d_head=4,
@@ -108,6 +110,7 @@ def test_the_page_has_balanced_fences_and_every_recipe_block():
     recipe_blocks(ENCODING_RECIPE, 1)
     recipe_blocks(TASK_RECIPE, 2)
     recipe_blocks(OPTIMIZER_RECIPE, 1)
+    recipe_blocks(CHAPTER_RECIPE, 1)
 
 
 def test_the_extraction_fails_loudly_on_a_missing_section_or_block(tmp_path, monkeypatch):
@@ -282,6 +285,37 @@ def test_the_optimizer_recipe_trains_with_its_rule_through_the_experiment(tmp_pa
     finally:
         optim.OPTIMIZERS.clear()
         optim.OPTIMIZERS.update(saved)
+
+
+# ---------------------------------------------------------------- the new chapter with a claim
+def test_the_chapter_recipe_records_a_claim_whose_status_its_checks_derive(tmp_path, monkeypatch):
+    """The page's checks cell, run as a chapter of a run of its own: its claim reaches the scoreboard's records
+    with the status its evidence derives; with the trained heads no better than their null the checks stop
+    the chapter and no claim is left; a status the evidence does not give is written beside it and refused."""
+    from lengthgen_utils.book import scoreboard
+
+    monkeypatch.setenv(scoreboard.CLAIMS_ENV, str(tmp_path / "claims"))
+    monkeypatch.setenv(scoreboard.RUN_ENV, "recipe-chapter")
+    (block,) = recipe_blocks(CHAPTER_RECIPE, 1)
+    run_blocks([block], CHAPTER_RECIPE)
+    record = scoreboard.load_claims()["X:a-finding"]
+    assert record["status"] == "reproduced" and record["derived"] and record["chapter"] == "chapters/11_a_finding"
+    assert [(e["name"], e["role"], e["passed"]) for e in record["evidence"]] == [
+        ("trained heads: seeds at >= 0.9 at 2x, over untrained ones", "for", True)]  # the code check is not evidence
+
+    no_better = block.replace("null = [False, False, True, False, False, False, False, False]",
+                              "null = [True, True, True, False, True, True, True, True]")
+    assert no_better != block
+    with pytest.raises(AssertionError, match="trained heads: seeds at >= 0.9 at 2x"):
+        run_blocks([no_better], CHAPTER_RECIPE)
+    assert "X:a-finding" not in scoreboard.load_claims()
+
+    overstated = block.replace('"X:a-finding", "reproduced",', '"X:a-finding", "reproduced in a regime",')
+    assert overstated != block
+    with pytest.raises(ValueError, match="states 'reproduced in a regime' but its evidence gives 'reproduced'"):
+        run_blocks([overstated], CHAPTER_RECIPE)
+    record = scoreboard.load_claims()["X:a-finding"]
+    assert (record["stated"], record["status"]) == ("reproduced in a regime", "reproduced")
 
 
 # ---------------------------------------------------------------- the import rule the page states

@@ -212,7 +212,10 @@ def test_every_chapter_names_its_evidence():
                 for call in ast.walk(ast.parse(cell.source)):
                     if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "record_claim":
                         named.setdefault(path.stem, []).append(({k.arg for k in call.keywords}, call.args[0].value))
-    assert len(named) == 10 and all("evidence" in k for calls in named.values() for k, _ in calls), named
+    known = {"01_retrieval_task", "02_rope_equivariance", "03_absolute_pinning", "04_carrier_kernel",
+             "05b_regime_map", "05c_what_selects_the_rule", "06_linear_attention_control", "07_deep_transformer",
+             "08_implicit_bias_and_rasp_l", "09_encoding_zoo"}  # a new chapter with a claim joins without a change here
+    assert known <= set(named) and all("evidence" in k for calls in named.values() for k, _ in calls), named
     assert [c for _, c in named["05b_regime_map"]] == ["C4", "C1.content-aware head", "C4.aligned", "C4.low rank",
                                                        "C5"]
     assert [c for _, c in named["05c_what_selects_the_rule"]] == ["X:selection"]
