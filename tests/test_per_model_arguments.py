@@ -199,7 +199,9 @@ ONE_VALUE = {
     "mean_field": {"ch05.dilution_panel"}, "alias_distance": set(),
     "failure_length": set(),
     "margin": {"ch05.r2_vs_margin", "implicit_bias.decoy_kernel",  # one closed-form kernel's margin
-               "ch05c.CellSummary"},  # a record filled by ch05c.summarise "rho": set(), "p_star": set(),
+               "ch05c.CellSummary",  # a record filled by ch05c.summarise
+               "ch05b.CellReport"},  # a record filled by ch05b.cell_report
+    "rho": set(), "p_star": {"ch05b.CellReport"},
 }
 
 

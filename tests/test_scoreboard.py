@@ -81,6 +81,11 @@ def test_unknown_number_keys_are_humanised():
     assert scoreboard._fmt({"10": 0.5, "1e+04": 0.25}) == "10 → 0.5, 1e+04 → 0.25"
 
 
+def record_claim_call(call: ast.Call) -> bool:
+    """A call of ``record_claim`` or of ``check.record_claim``."""
+    return getattr(call.func, "id", getattr(call.func, "attr", "")) == "record_claim"
+
+
 def recorded_number_keys() -> dict[str, list[str]]:
     """Every key number a chapter records, read from the notebooks' source: the keys of the dict literal
     passed to ``record_claim`` (or of the dict literal last assigned to the name passed)."""
@@ -93,7 +98,7 @@ def recorded_number_keys() -> dict[str, list[str]]:
             dicts = {t.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                      and isinstance(node.value, ast.Dict) for t in node.targets if isinstance(t, ast.Name)}
             for call in ast.walk(tree):
-                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "record_claim":
+                if isinstance(call, ast.Call) and record_claim_call(call):
                     numbers = call.args[3] if len(call.args) > 3 else None
                     numbers = dicts.get(numbers.id) if isinstance(numbers, ast.Name) else numbers
                     assert isinstance(numbers, ast.Dict), f"{path.name}: numbers not a dict literal"
@@ -179,6 +184,34 @@ def test_record_claim_derives_the_status_from_the_checks_the_chapter_wrote(tmp_p
                                   {"name": "base 10: not low rank", "role": "against", "passed": True}]
 
 
+def test_checks_record_the_claim_from_memory_and_only_after_finish(tmp_path, monkeypatch):
+    """A chapter records its claim from its Checks object: the status derives from the checks in memory (the
+    file finish wrote is not read back), never before finish, and never after a finish that raised."""
+    from lengthgen_utils.book.checks import Checks
+
+    monkeypatch.setenv("LENGTHGEN_CLAIMS", str(tmp_path))
+    monkeypatch.setenv("LENGTHGEN_RUN_ID", "t-memory")
+    check = Checks("chapters/04_carrier_kernel")
+    check.at_least("aligned", 0.9, 0.5)
+    check.holds("kernel_code", True, code=True)
+    with pytest.raises(RuntimeError, match="call check.finish"):
+        check.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["aligned"]})
+    check.finish()
+    scoreboard.checks_path(check.chapter).unlink()  # what finish wrote is not needed
+    check.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["aligned"]})
+    record = scoreboard.load_claims()["C4"]
+    assert (record["status"], record["derived"], record["chapter"]) == ("reproduced", True, check.chapter)
+    with pytest.raises(ValueError, match="names no evidence check"):  # a code check is never evidence
+        check.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["kernel_code"]})
+    failing = Checks("chapters/04_carrier_kernel")
+    failing.at_least("aligned", 0.1, 0.5)
+    with pytest.raises(AssertionError):
+        failing.finish()
+    with pytest.raises(RuntimeError, match="every check passed"):
+        failing.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["aligned"]})
+    assert "C4" not in scoreboard.load_claims()  # the failed finish forgot the chapter's earlier claim
+
+
 def test_a_record_whose_evidence_fails_shows_the_derived_status_and_raises(tmp_path, monkeypatch):
     chapter = _chapter_checks(tmp_path, monkeypatch, {"aligned": True, "base 10: not low rank": False})
     with pytest.raises(ValueError, match="states 'reproduced in a regime' but its evidence gives 'reproduced'"):
@@ -210,7 +243,7 @@ def test_every_chapter_names_its_evidence():
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "code" and "record_claim(" in cell.source:
                 for call in ast.walk(ast.parse(cell.source)):
-                    if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "record_claim":
+                    if isinstance(call, ast.Call) and record_claim_call(call):
                         named.setdefault(path.stem, []).append(({k.arg for k in call.keywords}, call.args[0].value))
     known = {"01_retrieval_task", "02_rope_equivariance", "03_absolute_pinning", "04_carrier_kernel",
              "05b_regime_map", "05c_what_selects_the_rule", "06_linear_attention_control", "07_deep_transformer",

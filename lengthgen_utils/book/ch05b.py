@@ -4,10 +4,12 @@ diagram and the tables that show them."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import plotly.graph_objects as go
 import torch
+from torch import Tensor
 
 from .._validate import check_int
 from ..analysis.falls import FALLS, FIT_LEVEL, classify_falls, first_length_holding
@@ -42,7 +44,42 @@ def untrained_measures(config, base: float, train_len: int = 16):
     return measures(heads, torch.tensor(config.offsets).repeat(n // len(config.offsets)), train_len)
 
 
-def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dict:
+@dataclass(frozen=True)
+class CellReport:
+    """What the map shows of one cell at one snapshot (:func:`cell_report`), per head and summarised.
+
+    Per head (``M`` of them, ``n`` lengths): ``accuracy``, ``target_mass`` and ``vote_accuracy`` float64
+    ``[M, n]``; ``fitted`` bool ``[M]`` (accuracy at the training length >= 0.9); ``p_star`` ``[M]``
+    (:func:`~lengthgen_utils.analysis.theory.critical_target_mass`); ``falls`` (one class of
+    :data:`~lengthgen_utils.analysis.falls.FALLS` per head); ``alias_lengths`` (the first length of
+    ``lengths`` holding the predicted alias, or None; always None for content heads). Per *fitted*
+    position-only head (empty for content heads and where none fitted): ``top2`` and ``align`` (the carrier
+    measures), ``margin`` (nats), the law's ``r2`` and ``law_half`` (the first length at which the law's
+    target mass is below 1/2, or None up to the longest length). For the cell: ``top2_auc`` and ``align_auc``
+    against the untrained heads (NaN where no head fitted or for content heads) and ``null_top2``, the
+    untrained heads' median top-2 share (NaN for content heads).
+    """
+
+    accuracy: Tensor
+    fitted: Tensor
+    target_mass: Tensor
+    vote_accuracy: Tensor
+    p_star: Tensor
+    content: bool
+    lengths: list
+    falls: list
+    alias_lengths: list
+    top2: Tensor = field(default_factory=lambda: torch.empty(0))
+    align: Tensor = field(default_factory=lambda: torch.empty(0))
+    margin: Tensor = field(default_factory=lambda: torch.empty(0))
+    r2: Tensor = field(default_factory=lambda: torch.empty(0))
+    law_half: list = field(default_factory=list)
+    null_top2: float = float("nan")
+    top2_auc: float = float("nan")
+    align_auc: float = float("nan")
+
+
+def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> CellReport:
     """Everything the map shows of one cell at one snapshot, per head and summarised.
 
     Args:
@@ -55,13 +92,7 @@ def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dic
         n_vote: sequences per length for :func:`~lengthgen_utils.run.evaluation.attention_vote`.
 
     Returns:
-        a dict: per head ``falls`` (:func:`classify_falls`), ``alias_lengths`` (the first length holding the
-        predicted alias, or None; always None for content heads), ``accuracy``, ``target_mass`` and ``vote_accuracy``
-        ``[M, n]``, ``p_star`` ``[M]``; and, for position-only heads, per fitted head ``top2``, ``align``,
-        ``margin``, the untrained heads' median top-2 share ``null_top2``, the law's ``r2`` and ``law_half`` (the first length at which the law's target mass is
-        below 1/2, or None up to the longest length), and the cell's ``top2_auc`` and ``align_auc`` against
-        ``null`` (NaN when no
-        head fitted).
+        a :class:`CellReport`.
 
     Source: chapter 5b.
     """
@@ -73,34 +104,29 @@ def cell_report(at_step, null, lengths, content: bool, n_vote: int = 256) -> dic
     tasks = [FixedOffsetRetrieval(vocab, k) for k in ks]
     vote = attention_vote(model, tasks, lengths, n_samples=n_vote)
     fitted = acc[:, 0] >= FIT_LEVEL
-    rep = {"accuracy": acc, "fitted": fitted, **vote, "content": content, "lengths": lengths,
-           "p_star": critical_target_mass(model.value_table()[:, :vocab].detach().cpu(), undefined="nan")}
+    common = dict(accuracy=acc, fitted=fitted, **vote, content=content, lengths=lengths,
+                  p_star=critical_target_mass(model.value_table()[:, :vocab].detach().cpu(), undefined="nan"))
     train_len, max_len = lengths[0], lengths[-1]
-    nan = float("nan")
     if content:
-        rep["alias_lengths"] = [None] * len(ks)
-        rep["falls"] = classify_falls(acc, lengths, rep["alias_lengths"], chance=1 / vocab)
-        rep.update(top2_auc=nan, align_auc=nan)
-        return rep
+        alias_lengths = [None] * len(ks)
+        return CellReport(**common, alias_lengths=alias_lengths,
+                          falls=classify_falls(acc, lengths, alias_lengths, chance=1 / vocab))
     alias, _ = predicted_alias_distance(model, ks, train_len, 4 * max_len)
-    rep["alias_lengths"] = first_length_holding(alias, lengths)
-    rep["falls"] = classify_falls(acc, lengths, rep["alias_lengths"], chance=1 / vocab)
+    alias_lengths = first_length_holding(alias, lengths)
+    common.update(alias_lengths=alias_lengths, falls=classify_falls(acc, lengths, alias_lengths, chance=1 / vocab),
+                  null_top2=float(null.top2_kept.median()))
     idx = torch.nonzero(fitted).flatten().tolist()
     if not idx:
-        rep.update(top2=torch.empty(0), align=torch.empty(0), margin=torch.empty(0), r2=torch.empty(0),
-                   law_half=[], top2_auc=nan, align_auc=nan)
-        return rep
+        return CellReport(**common)
     heads, ks_fit = model.subset(idx), [ks[i] for i in idx]
     m = measures(heads, ks_fit, train_len)
     margin, _ = mean_field_parameters(offset_kernel(heads, max_len), ks_fit, train_len)
     law = dilution_law_fit(heads, ks_fit, train_len, max_len)
     half = [torch.nonzero(row > 1.0).flatten() for row in law["law"]]  # 1/p - 1 > 1: the law's p below 1/2
-    rep.update(top2=m.top2_kept, align=m.alignment_variation, margin=margin, r2=law["r2"],
-               law_half=[train_len + int(h[0]) if h.numel() else None for h in half],
-               null_top2=float(null.top2_kept.median()),
-               top2_auc=separation_auc(m.top2_kept, null.top2_kept),
-               align_auc=separation_auc(m.alignment_variation, null.alignment_variation))
-    return rep
+    return CellReport(**common, top2=m.top2_kept, align=m.alignment_variation, margin=margin, r2=law["r2"],
+                      law_half=[train_len + int(h[0]) if h.numel() else None for h in half],
+                      top2_auc=separation_auc(m.top2_kept, null.top2_kept),
+                      align_auc=separation_auc(m.alignment_variation, null.alignment_variation))
 
 
 def map_reports(results: dict, config, n_vote: int = 256) -> dict:
@@ -112,7 +138,7 @@ def map_reports(results: dict, config, n_vote: int = 256) -> dict:
         n_vote: as :func:`cell_report`.
 
     Returns:
-        ``{(content, base, weight_decay, step): report}``.
+        ``{(content, base, weight_decay, step): CellReport}``.
 
     Source: chapter 5b.
     """
@@ -155,22 +181,22 @@ def _row_labels(config) -> list[tuple[bool, float, str]]:
     return rows
 
 
-def _at_16x(rep: dict) -> float:
+def _at_16x(rep: CellReport) -> float:
     """The cell's mean accuracy at 16 times the training length (``lengths[0]``, the first length of the grid)."""
-    return float(rep["accuracy"][:, rep["lengths"].index(16 * rep["lengths"][0])].mean())
+    return float(rep.accuracy[:, rep.lengths.index(16 * rep.lengths[0])].mean())
 
 
-def _hover(rep: dict, base: float, wd: float) -> str:
-    falls = rep["falls"]
+def _hover(rep: CellReport, base: float, wd: float) -> str:
+    falls = rep.falls
     counts = _counts(falls)
-    head = "content head" if rep["content"] else "position-only head"
+    head = "content head" if rep.content else "position-only head"
     lines = [f"{head}, base {base:g}, weight decay {wd:g}", counts,
-             f"fitted {int(rep['fitted'].sum())}/{len(falls)}, accuracy at 16x {_at_16x(rep):.2f}"]
-    if not rep["content"] and len(rep["top2"]):
-        lines += [f"top-2 share {float(rep['top2'].median()):.2f} (AUC vs untrained {rep['top2_auc']:.2f})",
-                  f"alignment AUC {rep['align_auc']:.2f}",
-                  f"margin {float(rep['margin'].min()):.1f}..{float(rep['margin'].max()):.1f} nats",
-                  f"law R² ≥ 0.9: {int((rep['r2'] >= 0.9).sum())}/{len(rep['r2'])}"]
+             f"fitted {int(rep.fitted.sum())}/{len(falls)}, accuracy at 16x {_at_16x(rep):.2f}"]
+    if not rep.content and len(rep.top2):
+        lines += [f"top-2 share {float(rep.top2.median()):.2f} (AUC vs untrained {rep.top2_auc:.2f})",
+                  f"alignment AUC {rep.align_auc:.2f}",
+                  f"margin {float(rep.margin.min()):.1f}..{float(rep.margin.max()):.1f} nats",
+                  f"law R² ≥ 0.9: {int((rep.r2 >= 0.9).sum())}/{len(rep.r2)}"]
     return "<br>".join(lines)
 
 
@@ -192,11 +218,11 @@ def phase_panel(reports: dict, config, step: int, title: str) -> go.Figure:
             if rep is None:
                 zr.append(None), tr.append(""), hr.append("not run")
                 continue
-            best = outcome(rep["falls"])
+            best = outcome(rep.falls)
             zr.append(FALLS.index(best))
             short = {"not fitted": "none", "holds": "holds", "cliff at alias": "alias", "cliff elsewhere": "cliff",
                      "gradual": "grad.", "cut off": "cut off"}[best]
-            tr.append(f"{short}<br>{rep['falls'].count(best)}/{len(rep['falls'])}")
+            tr.append(f"{short}<br>{rep.falls.count(best)}/{len(rep.falls)}")
             hr.append(_hover(rep, base, wd))
         z.append(zr), text.append(tr), hover.append(hr)
     n = len(FALLS)
@@ -240,9 +266,9 @@ def carrier_panel(reports: dict, config, step: int, title: str) -> go.Figure:
         zr, tr = [], []
         for wd in wds:
             rep = reports[(False, base, wd, step)]
-            auc = rep["top2_auc"]
+            auc = rep.top2_auc
             zr.append(None if math.isnan(auc) else auc)
-            tr.append("none<br>fitted" if math.isnan(auc) else f"{auc:.2f}<br>{float(rep['top2'].median()):.2f}")
+            tr.append("none<br>fitted" if math.isnan(auc) else f"{auc:.2f}<br>{float(rep.top2.median()):.2f}")
         z.append(zr), text.append(tr)
     return _map_heatmap(z, [f"{w:g}" for w in wds], [f"base {_base_label(b)}" for b in config.bases], text, title,
                         FIGURE_HEIGHT, dict(title=dict(text="AUC vs untrained", side="top")), zmin=0, zmax=1,
@@ -261,14 +287,14 @@ def regimes_table(reports: dict, config, step: int) -> Table:
     for (content, base, wd, s), rep in reports.items():
         if s != step:
             continue
-        falls = rep["falls"]
+        falls = rep.falls
         row = {"head": "content" if content else "position", "base": f"{base:g}", "λ": f"{wd:g}",
-               "fitted": f"{int(rep['fitted'].sum())}/{len(falls)}",
+               "fitted": f"{int(rep.fitted.sum())}/{len(falls)}",
                "how accuracy falls": _counts(falls)}
-        if not content and len(rep["top2"]):
-            row.update({"top-2 (AUC)": f"{float(rep['top2'].median()):.2f} ({rep['top2_auc']:.2f})",
-                        "margin (nats)": f"{float(rep['margin'].min()):.1f}..{float(rep['margin'].max()):.1f}",
-                        "R² ≥ 0.9": f"{int((rep['r2'] >= 0.9).sum())}"})
+        if not content and len(rep.top2):
+            row.update({"top-2 (AUC)": f"{float(rep.top2.median()):.2f} ({rep.top2_auc:.2f})",
+                        "margin (nats)": f"{float(rep.margin.min()):.1f}..{float(rep.margin.max()):.1f}",
+                        "R² ≥ 0.9": f"{int((rep.r2 >= 0.9).sum())}"})
         else:
             row.update({"top-2 (AUC)": "", "margin (nats)": "", "R² ≥ 0.9": ""})
         rows.append(row)
@@ -296,15 +322,15 @@ def pooled(reports: dict, content: bool | None = None) -> dict:
     for key, rep in reports.items():
         if content is not None and key[0] != content:
             continue
-        keep = rep["fitted"]
+        keep = rep.fitted
         if int(keep.sum()) < 2:
             continue
-        acc, p = rep["accuracy"][keep], rep["target_mass"][keep]
+        acc, p = rep.accuracy[keep], rep.target_mass[keep]
         shift = torch.roll(torch.arange(p.shape[0]), 1)
         parts["accurate"].append((acc >= FIT_LEVEL).flatten())
         parts["p"].append(p.flatten())
-        parts["vote"].append(rep["vote_accuracy"][keep].flatten())
-        parts["p_star"].append(rep["p_star"][keep][:, None].expand_as(p).flatten())
+        parts["vote"].append(rep.vote_accuracy[keep].flatten())
+        parts["p_star"].append(rep.p_star[keep][:, None].expand_as(p).flatten())
         parts["p_shuffled"].append(p[shift].flatten())
     return {k: torch.cat(v) for k, v in parts.items()}
 
@@ -361,10 +387,10 @@ def lawful_flags(reports: dict, keys, step: int, falls=None) -> list[bool]:
     hits = []
     for key in keys:
         rep = reports[(*key, step)]
-        fitted = torch.nonzero(rep["fitted"]).flatten().tolist()
+        fitted = torch.nonzero(rep.fitted).flatten().tolist()
         for j, i in enumerate(fitted):
-            if falls is None or rep["falls"][i] in falls:
-                hits.append(float(rep["r2"][j]) >= 0.9)
+            if falls is None or rep.falls[i] in falls:
+                hits.append(float(rep.r2[j]) >= 0.9)
     return hits
 
 
@@ -395,18 +421,18 @@ def lawful_falls(reports: dict, step: int | None = None) -> dict:
     for (content, _, _, s), rep in reports.items():
         if content or s != step:
             continue
-        lengths = rep["lengths"]
-        for j, i in enumerate(torch.nonzero(rep["fitted"]).flatten().tolist()):
-            below = torch.nonzero(rep["accuracy"][i] < FIT_LEVEL).flatten()
-            if float(rep["r2"][j]) < 0.9 or not below.numel():
+        lengths = rep.lengths
+        for j, i in enumerate(torch.nonzero(rep.fitted).flatten().tolist()):
+            below = torch.nonzero(rep.accuracy[i] < FIT_LEVEL).flatten()
+            if float(rep.r2[j]) < 0.9 or not below.numel():
                 continue
             col = int(below[0])
-            p, p_star = float(rep["target_mass"][i, col]), float(rep["p_star"][i])
-            half = rep["law_half"][j]
+            p, p_star = float(rep.target_mass[i, col]), float(rep.p_star[i])
+            half = rep.law_half[j]
             out["p"].append(p)
             out["p_star"].append(p_star)
             out["p_over_p_star"].append(p / p_star if p_star > 0 else float("nan"))
-            out["vote"].append(float(rep["vote_accuracy"][i, col]))
+            out["vote"].append(float(rep.vote_accuracy[i, col]))
             out["law_within"].append(half is not None and abs(math.log2(half / lengths[col])) <= 0.5)
             out["law_half"].append(math.nan if half is None else float(half))
             out["fall"].append(float(lengths[col]))
@@ -419,8 +445,8 @@ def below_flags(reports: dict, content: bool, weight_decay: float, step: int, mu
     flags = []
     for (c, _, w, s), rep in reports.items():
         if c == content and w == weight_decay and s == step:
-            col = rep["lengths"].index(multiple * rep["lengths"][0])
-            flags += (rep["accuracy"][:, col] < FIT_LEVEL).tolist()
+            col = rep.lengths.index(multiple * rep.lengths[0])
+            flags += (rep.accuracy[:, col] < FIT_LEVEL).tolist()
     return flags
 
 
@@ -492,7 +518,7 @@ def share_below(reports: dict, content: bool, weight_decay: float, step: int, mu
 def count_falls(reports: dict, content: bool, weight_decay: float, step: int) -> str:
     """``"holds 20, gradual 12"``: how the heads of every base (``content``, ``weight_decay``, ``step``) fall."""
     return _counts(f for (c, _, w, s), rep in reports.items() if c == content and w == weight_decay and s == step
-                   for f in rep["falls"])
+                   for f in rep.falls)
 
 
 def content_summary(reports: dict, config, step: int) -> dict:
@@ -536,10 +562,10 @@ def alias_cliff_shares(reports: dict, keys, step: int) -> tuple[float, float, in
     own, null = [], []
     for key in keys:
         rep = reports[(*key, step)]
-        fallen = [i for i, f in enumerate(rep["falls"]) if f not in ("holds", "not fitted")]
-        rolled = rep["alias_lengths"][-1:] + rep["alias_lengths"][:-1]
-        swapped = classify_falls(rep["accuracy"], rep["lengths"], rolled, chance=1 / 16)
-        own += [rep["falls"][i] == "cliff at alias" for i in fallen]
+        fallen = [i for i, f in enumerate(rep.falls) if f not in ("holds", "not fitted")]
+        rolled = rep.alias_lengths[-1:] + rep.alias_lengths[:-1]
+        swapped = classify_falls(rep.accuracy, rep.lengths, rolled, chance=1 / 16)
+        own += [rep.falls[i] == "cliff at alias" for i in fallen]
         null += [swapped[i] == "cliff at alias" for i in fallen]
     nan = float("nan")
     return (float(np.mean(own)) if own else nan, float(np.mean(null)) if null else nan, len(own))

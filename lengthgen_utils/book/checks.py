@@ -10,7 +10,9 @@ A checks cell states each assertion through one :class:`Checks` object instead o
     checks.rate_at_least("seeds at >= 0.95 up to 4x", holds, 0.5, reason="a majority")  # Wilson lower end
     checks.beats_null("hits minus the shuffled null", p, 0.01, null="shuffled heads, permutation test")
     checks.rate_beats("seeds at >= 0.95 to 16x", holds, null_holds, 0.05, against="the linear heads")
+    checks.ranks_above("seeds' lowest accuracy to 4x", lowest, null_lowest, 0.05, against="the linear heads")
     checks.finish()  # raises AssertionError listing every check that failed
+    checks.record_claim("C1", "reproduced", "one sentence", {"RoPE at 4x": 1.0}, evidence={"for": ["RoPE *"]})
 
 Each check is kept with its *margin*: how far the value is from failing, in the quantity's own units
 (``value - threshold`` for :meth:`~Checks.at_least`, ``threshold - value`` for :meth:`~Checks.at_most`;
@@ -18,6 +20,10 @@ positive passes). :meth:`~Checks.finish` writes them all to the run's records
 (:func:`~lengthgen_utils.book.scoreboard.run_dir`), failed ones included, and then raises if any failed, so
 ``python -m lengthgen_utils robustness`` can show every quantity's range and smallest margin over the
 conditions it runs, and a failing build names every failed check at once, not the first.
+
+:meth:`~Checks.record_claim` then records the chapter's claim with the status these checks give by the
+book's one rule (:func:`~lengthgen_utils.book.scoreboard.claim_status`), read from this object, not from
+the file :meth:`~Checks.finish` wrote.
 
 ``code=True`` marks a consistency check (two computations of one quantity, an identity that holds by
 construction): a test of the code, not evidence for the claim. The checks cell says so too.
@@ -69,6 +75,7 @@ class Checks:
             raise TypeError(f"chapter must be a non-empty str such as 'chapters/01_retrieval_task'; got {chapter!r}")
         self.chapter = chapter
         self.results: list[dict] = []
+        self.finished = False  # set by finish(), which every claim waits for
 
     def _add(self, name: str, op: str, value, threshold, margin, passed: bool, code: bool, detail) -> bool:
         if not isinstance(name, str) or not name:
@@ -327,8 +334,34 @@ class Checks:
         os.replace(tmp, path)
         if self.failed:
             raise AssertionError(f"{len(self.failed)} of {len(self.results)} checks failed:\n" + self.summary())
+        self.finished = True
         if show:
             print(self.summary())
+
+    def record_claim(self, claim: str, status: str, summary: str, numbers: dict | None = None, *,
+                     evidence: dict) -> None:
+        """Record ``claim`` for the scoreboard with the status these checks derive (after :meth:`finish`).
+
+        The evidence is read from this object's checks, in memory; the record is the one
+        :func:`~lengthgen_utils.book.scoreboard.record_claim` writes for this chapter.
+
+        Args:
+            claim, status, summary, numbers: as :func:`~lengthgen_utils.book.scoreboard.record_claim`.
+            evidence: ``{"for": [...], "against": [...]}``, names or ``*`` patterns of this chapter's checks
+                (:func:`~lengthgen_utils.book.scoreboard.evidence_checks`).
+
+        Raises:
+            RuntimeError: :meth:`finish` has not run, or raised (a claim never outlives its checks).
+            ValueError / TypeError: as :func:`~lengthgen_utils.book.scoreboard.record_claim` (a derived status
+                other than the stated one is written, then raised).
+        """
+        from .scoreboard import record_claim
+
+        if not self.finished:
+            raise RuntimeError(f"{self.chapter}: call check.finish() before check.record_claim (and only "
+                               "after every check passed)")
+        record_claim(claim, status, summary, numbers, chapter=self.chapter, evidence=evidence,
+                     checks=self.record()["checks"])
 
 
 def _fmt(x) -> str:

@@ -1,8 +1,9 @@
 """The claims scoreboard: what each chapter's checks measured in this run, for the book's scoreboard page.
 
-A chapter's checks cell ends with :func:`record_claim`: the claim of the abstract it tests, the
-status its text states, a one-line summary, its key numbers and its *evidence*: which of the chapter's
-evidence checks (just written by :meth:`~lengthgen_utils.book.checks.Checks.finish`) bear on the claim,
+A chapter's checks cell ends with :meth:`Checks.record_claim <lengthgen_utils.book.checks.Checks.record_claim>`
+(which calls :func:`record_claim` with the chapter's checks in memory): the claim of the abstract it tests,
+the status its text states, a one-line summary, its key numbers and its *evidence*: which of the chapter's
+evidence checks (those :meth:`~lengthgen_utils.book.checks.Checks.finish` just passed) bear on the claim,
 ``"for"`` it (passing, they show the claim holds where they test it) or ``"against"`` it (passing, they
 show it fails somewhere the chapter tests). The record's status is not the chapter's word: it is derived
 from which of those checks passed, by one rule, :func:`claim_status` (see :data:`STATUS_RULE`). The records are JSON files in one folder per run; the
@@ -276,7 +277,7 @@ def clear_run() -> int:
 
 
 def record_claim(claim: str, status: str, summary: str, numbers: dict | None = None, chapter: str = "",
-                 evidence: dict | None = None) -> None:
+                 evidence: dict | None = None, checks: list | None = None) -> None:
     """Record what a chapter's checks established about ``claim`` (written atomically as ``<claim>.json``).
 
     Args:
@@ -291,6 +292,8 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
             this run (:func:`checks_path`), so ``check.finish()`` comes first. The record's ``"status"`` is then
             :func:`claim_status`'s, and ``"evidence"`` keeps each named check's name, role and whether it
             passed. Without it (a record made by hand) the status is the stated one and ``"derived"`` is False.
+        checks: the chapter's check records of this run, in memory (:meth:`Checks.record_claim
+            <lengthgen_utils.book.checks.Checks.record_claim>` passes its own); None reads the file.
 
     The record is written to this run's folder, :func:`run_dir` (nothing is returned, so a checks cell that ends with this
     call shows nothing more).
@@ -314,13 +317,15 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
     if evidence is not None:
         if not chapter:
             raise ValueError("record_claim: evidence is read from the chapter's checks; give chapter=")
-        path = checks_path(chapter)
-        written = json.loads(path.read_text()) if path.is_file() else None
-        if written is None or written.get("run") != run_id():
-            raise ValueError(f"record_claim: no checks of {chapter!r} in this run ({path}); call check.finish() "
-                             "before record_claim")
-        chosen = evidence_checks(evidence, written["checks"])
-        derived = claim_status(evidence, written["checks"])
+        if checks is None:
+            path = checks_path(chapter)
+            written = json.loads(path.read_text()) if path.is_file() else None
+            if written is None or written.get("run") != run_id():
+                raise ValueError(f"record_claim: no checks of {chapter!r} in this run ({path}); call "
+                                 "check.finish() before record_claim")
+            checks = written["checks"]
+        chosen = evidence_checks(evidence, checks)
+        derived = claim_status(evidence, checks)
         kept = [{"name": c["name"], "role": role, "passed": c["passed"]} for role in EVIDENCE_ROLES
                 for c in chosen[role]]
     record = {"claim": claim, "status": derived, "stated": status, "derived": evidence is not None,
