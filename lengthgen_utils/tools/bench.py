@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 import warnings
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -440,18 +441,12 @@ def transformer_comparison(sizes, thread_counts, steps: int, reps: int, compile_
     batches = tf_batches(steps)
     rates, agreement, compile_notes = {}, {}, {}
     kernel_cache = tempfile.mkdtemp(prefix="lengthgen-bench-inductor-") if compile_ else None
-    saved_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if kernel_cache:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = kernel_cache
-    try:
-        _compare(sizes, thread_counts, steps, reps, compile_, batches, rates, agreement, compile_notes)
+    try:  # compiled kernels go to a folder of their own, removed afterwards with the variable
+        with patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": kernel_cache} if kernel_cache else {}):
+            _compare(sizes, thread_counts, steps, reps, compile_, batches, rates, agreement, compile_notes)
     finally:
         if kernel_cache:
             shutil.rmtree(kernel_cache, ignore_errors=True)
-            if saved_cache is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_cache
     return {"rates": {k: statistics.median(v) for k, v in rates.items()}, "all": rates,
             "agreement": agreement, "compile": compile_notes}
 

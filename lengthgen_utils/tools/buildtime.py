@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 from ..book.scoreboard import CLAIMS_ENV, RUN_ENV, new_run_id
 from ..run.cache import CACHE_ENV, REPO_ROOT
@@ -179,9 +180,8 @@ def main(argv=None) -> int:
     except (ValueError, TypeError) as err:
         return error_line(PROG, str(err))
     work = Path(tempfile.mkdtemp(prefix="lengthgen-buildtime-"))
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PROFILE_ENV, CACHE_ENV, CLAIMS_ENV, RUN_ENV,
-                                            "OMP_WAIT_POLICY")}
-    os.environ.update(kernel_environment(work / "cache", work / "claims", profile))
+    environment = patch.dict(os.environ, kernel_environment(work / "cache", work / "claims", profile))
+    environment.start()  # every variable as it was, after the run (finally, below)
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks of _toc.yml in the order the build runs them; "
           f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={env_value(THREADS_ENV) or 'unset'}, "
@@ -206,11 +206,7 @@ def main(argv=None) -> int:
                 if error:
                     failed.append((name, path.stem, error))
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        environment.stop()
         shutil.rmtree(work, ignore_errors=True)
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
     print()

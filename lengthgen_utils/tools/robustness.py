@@ -41,6 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
+from unittest.mock import patch
 
 from ..book.scoreboard import CLAIMS_ENV, RUN_ENV
 from ..run.cache import CACHE_ENV, REPO_ROOT
@@ -101,32 +102,27 @@ def run_condition(condition: Condition, notebooks, profile: str, cache_root: Pat
     env = {"PYTHONPATH": python_path, PROFILE_ENV: profile, CACHE_ENV: str(cache_root / _safe(condition.name)),
            CLAIMS_ENV: str(work / "claims"), RUN_ENV: run, "OMP_WAIT_POLICY": "PASSIVE",
            CAPABILITY_ENV: None, THREADS_ENV: None, SEED_ENV: None, **condition.env}
-    saved = {k: os.environ.get(k) for k in env}
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
     outcomes = {}
     try:
-        for path in notebooks:
-            seconds, error, _ = execute(path, timeout)
-            stem = path.stem
-            record = work / "claims" / run / "checks"
-            chapter = path.relative_to(REPO_ROOT).with_suffix("").as_posix()
-            found = record / f"{chapter.replace('/', '__')}.json"
-            checks = json.loads(found.read_text())["checks"] if found.is_file() else None
-            outcomes[stem] = {"seconds": seconds, "error": error, "checks": checks}
-            failed = [c["name"] for c in checks or [] if not c["passed"]]
-            state = "pass" if not error else (f"FAIL {len(failed)}" if failed else "error")
-            log(f"  [{condition.name}] {stem:<36} {seconds:6.1f} s  {state}"
-                + (f": {'; '.join(failed)[:300]}" if failed else (f": {error}" if error else "")), flush=True)
+        with patch.dict(os.environ):  # every variable as it was, afterwards
+            for key, value in env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            for path in notebooks:
+                seconds, error, _ = execute(path, timeout)
+                stem = path.stem
+                record = work / "claims" / run / "checks"
+                chapter = path.relative_to(REPO_ROOT).with_suffix("").as_posix()
+                found = record / f"{chapter.replace('/', '__')}.json"
+                checks = json.loads(found.read_text())["checks"] if found.is_file() else None
+                outcomes[stem] = {"seconds": seconds, "error": error, "checks": checks}
+                failed = [c["name"] for c in checks or [] if not c["passed"]]
+                state = "pass" if not error else (f"FAIL {len(failed)}" if failed else "error")
+                log(f"  [{condition.name}] {stem:<36} {seconds:6.1f} s  {state}"
+                    + (f": {'; '.join(failed)[:300]}" if failed else (f": {error}" if error else "")), flush=True)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         kept = cache_root / _safe(condition.name) / "records"  # this condition's claims and checks, for a diff later
         shutil.rmtree(kept, ignore_errors=True)
         if (work / "claims" / run).is_dir():
