@@ -539,8 +539,8 @@ def content_summary(reports: dict, config, step: int) -> dict:
     if not wds or 0.0 not in wds:
         raise ValueError(f"the map needs content cells without decay; content_weight_decays={wds}")
     top = max(wds)
-    falls_plain = [f for (c, _, w, s), r in reports.items() if c and w == 0.0 and s == step for f in r["falls"]]
-    falls_top = [f for (c, _, w, s), r in reports.items() if c and w == top and s == step for f in r["falls"]]
+    falls_plain = [f for (c, _, w, s), r in reports.items() if c and w == 0.0 and s == step for f in r.falls]
+    falls_top = [f for (c, _, w, s), r in reports.items() if c and w == top and s == step for f in r.falls]
     fallen = [f for f in falls_plain if f not in ("holds", "not fitted")]
     return {"early_plain": share_below(reports, True, 0.0, step, 2),
             "early_decayed": share_below(reports, True, top, step, 2),
