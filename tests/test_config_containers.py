@@ -1,39 +1,20 @@
 """Configuration values of the wrong container type (a list where a tuple is stored), in every configuration.
 """
 import dataclasses
-import importlib
 import inspect
-import pkgutil
 
 import pytest
 
-import lengthgen_utils
 from lengthgen_utils.core import encodings, models, tasks
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
 from lengthgen_utils.run import cache, configs, profiles, runners, training
-
-
-def _public_callables():
-    """Every public function, class and public method defined in the package: ``(qualified name, callable)``."""
-    for info in pkgutil.walk_packages(lengthgen_utils.__path__, prefix="lengthgen_utils."):
-        short = info.name.rsplit(".", 1)[-1]  # "lengthgen_utils.run.cache" -> "cache": module names are unique
-        if short.startswith("_") or info.ispkg:
-            continue
-        module = importlib.import_module(info.name)
-        for name, obj in vars(module).items():
-            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-                continue
-            yield f"{short}.{name}", obj
-            if inspect.isclass(obj):
-                for attr, member in vars(obj).items():
-                    if not attr.startswith("_") and inspect.isfunction(member):
-                        yield f"{short}.{name}.{attr}", member
+from tests.package_walk import public_callables
 
 
 # ================================================================ 2. configuration values of the wrong container type
 def _config_classes():
     """Every frozen dataclass of the package (configurations, encodings, tasks, profiles): ``{name: class}``."""
-    return {name: obj for name, obj in _public_callables()
+    return {name: obj for name, obj in public_callables()
             if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and obj.__dataclass_params__.frozen}
 
 

@@ -2,37 +2,18 @@
 """
 import copy
 import dataclasses
-import importlib
 import inspect
-import pkgutil
 
 import pytest
 import torch
 
-import lengthgen_utils
 from lengthgen_utils.analysis import kernel, probes, theory
 from lengthgen_utils.core import attention, rope
 from lengthgen_utils.core.fast import FastTransformer
 from lengthgen_utils.core.models import KernelHead, RetrievalHead, Transformer
 from lengthgen_utils.core.tasks import DelayedCopy
 from tests import reference
-
-
-def _public_callables():
-    """Every public function, class and public method defined in the package: ``(qualified name, callable)``."""
-    for info in pkgutil.walk_packages(lengthgen_utils.__path__, prefix="lengthgen_utils."):
-        short = info.name.rsplit(".", 1)[-1]  # "lengthgen_utils.run.cache" -> "cache": module names are unique
-        if short.startswith("_") or info.ispkg:
-            continue
-        module = importlib.import_module(info.name)
-        for name, obj in vars(module).items():
-            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-                continue
-            yield f"{short}.{name}", obj
-            if inspect.isclass(obj):
-                for attr, member in vars(obj).items():
-                    if not attr.startswith("_") and inspect.isfunction(member):
-                        yield f"{short}.{name}.{attr}", member
+from tests.package_walk import public_callables
 
 
 # ================================================================ 1. low precision in every attention path
@@ -232,7 +213,7 @@ def test_every_score_function_is_in_the_low_precision_sweep():
     """Discovery: every public function of attention, kernel and theory is swept below, or takes no float input."""
     swept = {name.split(" (")[0].split(" softmax")[0].split(" linear")[0].split(" fused")[0]
              .split(" weights")[0].split(" elu")[0].split(" identity")[0] for name, _, _ in LOW_PRECISION_CASES}
-    public = {name for name, obj in _public_callables()
+    public = {name for name, obj in public_callables()
               if name.split(".")[0] in ("attention", "kernel", "theory") and inspect.isfunction(obj)}
     missing = public - swept - NO_FLOAT_INPUT
     assert not missing, f"functions neither swept in float16/bfloat16 nor listed as taking no float: {sorted(missing)}"

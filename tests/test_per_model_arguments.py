@@ -1,14 +1,11 @@
 """Per-model arguments whose length does not match the ensemble, refused everywhere.
 """
-import importlib
 import inspect
-import pkgutil
 
 import numpy as np
 import pytest
 import torch
 
-import lengthgen_utils
 from lengthgen_utils.analysis import implicit_bias, kernel, probes, theory
 from lengthgen_utils.book import ch04, ch05
 from lengthgen_utils.core import models, tasks
@@ -23,23 +20,7 @@ from lengthgen_utils.core.models import (
 )
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
 from lengthgen_utils.run import evaluation, training
-
-
-def _public_callables():
-    """Every public function, class and public method defined in the package: ``(qualified name, callable)``."""
-    for info in pkgutil.walk_packages(lengthgen_utils.__path__, prefix="lengthgen_utils."):
-        short = info.name.rsplit(".", 1)[-1]  # "lengthgen_utils.run.cache" -> "cache": module names are unique
-        if short.startswith("_") or info.ispkg:
-            continue
-        module = importlib.import_module(info.name)
-        for name, obj in vars(module).items():
-            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-                continue
-            yield f"{short}.{name}", obj
-            if inspect.isclass(obj):
-                for attr, member in vars(obj).items():
-                    if not attr.startswith("_") and inspect.isfunction(member):
-                        yield f"{short}.{name}.{attr}", member
+from tests.package_walk import public_callables
 
 
 # ================================================================ 3. per-model arguments
@@ -210,7 +191,7 @@ def test_every_per_model_argument_of_the_package_is_walked():
     above as taking one value (so a new per-model function cannot be missed)."""
     walked = {(f, a) for f, a, _, _ in PER_MODEL} | {(f, "task") for f, _ in SHARED_TASK}
     found = set()
-    for qualname, obj in _public_callables():
+    for qualname, obj in public_callables():
         try:
             params = inspect.signature(obj).parameters
         except (TypeError, ValueError):
