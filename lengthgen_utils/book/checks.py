@@ -124,10 +124,7 @@ class Checks:
         """
         if (at_least is None) == (at_most is None):
             raise TypeError(f"check {name!r}: give exactly one of at_least / at_most")
-        values = [bool(f) for f in (flags.tolist() if hasattr(flags, "tolist") else flags)]
-        if not values:
-            raise ValueError(f"check {name!r}: a share of no units is undefined")
-        m, n = sum(values), len(values)
+        m, n = self._count(name, flags)
         detail = rate_text(m, n)
         if at_least is not None:
             return self.at_least(name, m / n, at_least, code=code, detail=detail)
@@ -148,15 +145,8 @@ class Checks:
 
         Source: :func:`~lengthgen_utils.analysis.rates.wilson_interval`.
         """
-        m, n = self._count(name, flags)
-        if not isinstance(reason, str) or not reason:
-            raise TypeError(f"check {name!r}: give the bound's reason as a non-empty str")
-        bound = _number(name, bound)
-        if not 0.0 <= bound <= 1.0:
-            raise ValueError(f"check {name!r}: bound must be a rate in [0, 1]; got {bound}")
-        low, _ = wilson_interval(m, n)
-        return self.at_least(name, low, bound, code=code,
-                             detail=f"{rate_text(m, n)}; lower end vs {bound:.3g}: {reason}")
+        (low, _), bound, detail = self._interval(name, flags, bound, reason, "lower")
+        return self.at_least(name, low, bound, code=code, detail=detail)
 
     def rate_at_most(self, name: str, flags, bound, *, reason: str, code: bool = False) -> bool:
         """Check a rate "at most ``bound``" by its uncertainty: the upper end of the Wilson 95% interval of the
@@ -168,15 +158,18 @@ class Checks:
 
         Source: :func:`~lengthgen_utils.analysis.rates.wilson_interval`.
         """
+        (_, high), bound, detail = self._interval(name, flags, bound, reason, "upper")
+        return self.at_most(name, high, bound, code=code, detail=detail)
+
+    def _interval(self, name: str, flags, bound, reason, end: str) -> tuple:
+        """The Wilson interval of ``flags``, the checked ``bound`` and the record's detail (both rate checks)."""
         m, n = self._count(name, flags)
         if not isinstance(reason, str) or not reason:
             raise TypeError(f"check {name!r}: give the bound's reason as a non-empty str")
         bound = _number(name, bound)
         if not 0.0 <= bound <= 1.0:
             raise ValueError(f"check {name!r}: bound must be a rate in [0, 1]; got {bound}")
-        _, high = wilson_interval(m, n)
-        return self.at_most(name, high, bound, code=code,
-                            detail=f"{rate_text(m, n)}; upper end vs {bound:.3g}: {reason}")
+        return wilson_interval(m, n), bound, f"{rate_text(m, n)}; {end} end vs {bound:.3g}: {reason}"
 
     def beats_null(self, name: str, p_value, level, *, null: str, detail=None) -> bool:
         """Check a one-sided test of the trained heads against their null: ``p_value <= level``.
