@@ -164,3 +164,22 @@ def test_ranks_above_is_a_rank_test_where_a_flag_test_cannot_pass():
     assert not check.ranks_above("no better", null, trained, 0.05, against="null")
     with pytest.raises(TypeError, match="null is"):
         check.ranks_above("against", [1.0], [0.0], 0.05, against="")
+
+
+def test_a_linear_sum_head_whose_logits_sum_to_zero_diverges_in_training_instead_of_raising():
+    """Outside training a vanishing sum is refused by name; inside it (diverged models allowed) the model's
+    weights are not finite and it scores about chance, the other models untouched."""
+    from lengthgen_utils.core.models import RetrievalHead, diverged_models_allowed
+    from lengthgen_utils.core.tasks import FixedOffsetRetrieval
+    from lengthgen_utils.run.evaluation import accuracy_by_length
+
+    head = RetrievalHead(8, d_model=8, d_head=4, pe="rope", attention="linear_sum", n_models=2, seeds=[0, 1])
+    with torch.no_grad():
+        head.w_q[1] = 0.0  # model 1: every logit 0, so its row sums to 0
+    with pytest.raises(ValueError, match="linear_sum"):
+        head.attention_row(8)
+    with diverged_models_allowed(head):
+        row = head.attention_row(8)
+    assert row[0].isfinite().all() and not row[1].isfinite().all()
+    acc = accuracy_by_length(head, FixedOffsetRetrieval(8, 2), [8], n_samples=32)
+    assert acc.shape == (2, 1) and acc.isfinite().all()

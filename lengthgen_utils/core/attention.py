@@ -93,10 +93,10 @@ SUM_TOLERANCE = 1e-6
 """:func:`row_weights` refuses ``linear_sum`` when ``|sum_i s_i|`` is below this fraction of ``sum_i |s_i|``."""
 
 
-def _linear_sum(scores: Tensor) -> Tensor:
+def _linear_sum(scores: Tensor, refuse_vanishing: bool = True) -> Tensor:
     s = scores.to(_compute_dtype(scores.dtype))
     total = s.sum(-1, keepdim=True)
-    if not bool((total.abs() > SUM_TOLERANCE * s.abs().sum(-1, keepdim=True)).all()):
+    if refuse_vanishing and not bool((total.abs() > SUM_TOLERANCE * s.abs().sum(-1, keepdim=True)).all()):
         raise ValueError("attention 'linear_sum' divides by the sum of the logits, which vanishes for some row "
                          f"(|sum s| <= {SUM_TOLERANCE:g} * sum |s|): its weights would be inf or NaN. Use 'linear_mean' "
                          "(divide by the length) or a positive score map ('exp', 'softmax')")
