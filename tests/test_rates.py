@@ -166,8 +166,8 @@ def test_ranks_above_is_a_rank_test_where_a_flag_test_cannot_pass():
         check.ranks_above("against", [1.0], [0.0], 0.05, against="")
 
 
-def test_a_linear_sum_head_whose_logits_sum_to_zero_diverges_in_training_instead_of_raising():
-    """Outside training a vanishing sum is refused by name; inside it (diverged models allowed) the model's
+def test_a_linear_sum_or_exp_head_that_cannot_normalise_diverges_in_training_instead_of_raising():
+    """Outside training a vanishing sum (an overflowing logit) is refused by name; inside it (diverged models allowed) the model's
     weights are not finite and it scores about chance, the other models untouched."""
     from lengthgen_utils.core.models import RetrievalHead, diverged_models_allowed
     from lengthgen_utils.core.tasks import FixedOffsetRetrieval
@@ -183,3 +183,13 @@ def test_a_linear_sum_head_whose_logits_sum_to_zero_diverges_in_training_instead
     assert row[0].isfinite().all() and not row[1].isfinite().all()
     acc = accuracy_by_length(head, FixedOffsetRetrieval(8, 2), [8], n_samples=32)
     assert acc.shape == (2, 1) and acc.isfinite().all()
+
+    exp = RetrievalHead(8, d_model=8, d_head=4, pe="rope", attention="exp", n_models=2, seeds=[0, 1])
+    with torch.no_grad():
+        exp.w_q[1] *= 1e3  # model 1: logits far beyond exp's float32 range
+    with pytest.raises(ValueError, match="overflow"):
+        exp.attention_row(8)
+    with diverged_models_allowed(exp):
+        row = exp.attention_row(8)
+    assert row[0].isfinite().all() and not row[1].isfinite().all()
+    assert accuracy_by_length(exp, FixedOffsetRetrieval(8, 2), [8], n_samples=32).isfinite().all()

@@ -107,10 +107,10 @@ EXP_MAX_LOGIT = 80.0
 """:func:`row_weights` refuses ``exp`` above this logit: ``exp(88.7)`` already overflows float32."""
 
 
-def _exp(scores: Tensor) -> Tensor:
+def _exp(scores: Tensor, refuse_overflow: bool = True) -> Tensor:
     s = scores.to(_compute_dtype(scores.dtype))
-    if not bool((s <= EXP_MAX_LOGIT).all()):
-        raise ValueError(f"attention 'exp' (un-normalised exp(s_j)) got a logit {float(s.max()):.1f} > "
+    if refuse_overflow and not bool((s <= EXP_MAX_LOGIT).all()):
+        raise ValueError(f"attention 'exp' (un-normalised exp(s_j)) got a logit {float(s.max().detach()):.1f} > "
                          f"{EXP_MAX_LOGIT:g}: its weight would overflow to inf in float32")
     return s.exp().to(scores.dtype)
 
@@ -127,6 +127,13 @@ ROW_WEIGHTS = {
 Chapter 6's ablation separates softmax's two parts, the exponential and the division by a sum that
 grows with the length. Normalisers that can vanish or overflow raise ``ValueError`` instead of
 returning inf or NaN."""
+
+
+UNREFUSED = {"linear_sum": lambda s: _linear_sum(s, refuse_vanishing=False),
+             "exp": lambda s: _exp(s, refuse_overflow=False)}
+"""The normalisers of :data:`ROW_WEIGHTS` that can refuse, without the refusal: a vanishing sum or an
+overflowing logit gives huge or inf weights. Only where a model may diverge as a data point (training and
+evaluating an ensemble: :func:`~lengthgen_utils.core.models.diverged_models_allowed`)."""
 
 
 def check_attention(attention: str) -> str:
