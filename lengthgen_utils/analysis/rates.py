@@ -20,6 +20,7 @@ variables is stochastically larger than the other" (Ann. Math. Statist. 1947), :
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 
@@ -155,9 +156,8 @@ def rank_sum_p(values, null, max_splits: int = 200_000) -> float:
         raise ValueError(f"values and null must each hold at least one number; got {len(x)} and {len(y)}")
     if not all(math.isfinite(v) for v in x + y):
         raise ValueError("values and null must be finite")
-    pooled = sorted(x + y)
-    rank = {v: (pooled.index(v) + len(pooled) - pooled[::-1].index(v) + 1) / 2 for v in pooled}  # mid-ranks
-    ranks = [rank[v] for v in x + y]
+    pooled = sorted(x + y)  # a value's mid-rank: the mean of the 1-based ranks its ties occupy
+    ranks = [(bisect.bisect_left(pooled, v) + bisect.bisect_right(pooled, v) + 1) / 2 for v in x + y]
     observed = sum(ranks[: len(x)])
     if math.comb(len(ranks), len(x)) <= max_splits:  # every split, exactly
         sums = [sum(ranks[i] for i in split) for split in itertools.combinations(range(len(ranks)), len(x))]
@@ -166,8 +166,9 @@ def rank_sum_p(values, null, max_splits: int = 200_000) -> float:
 
     gen = torch.Generator().manual_seed(0)
     table = torch.tensor(ranks, dtype=torch.float64)
+    chunks = [min(10_000, max_splits - start) for start in range(0, max_splits, 10_000)]  # bounded memory
     draws = torch.cat([table[torch.rand(n, len(ranks), generator=gen).argsort(1)[:, : len(x)]].sum(1)
-                       for n in [10_000] * (max_splits // 10_000) + [max_splits % 10_000] if n])  # random splits
+                       for n in chunks])  # random splits: the first len(x) of a random order
     return permutation_p(observed, draws)
 
 
