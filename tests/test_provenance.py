@@ -34,10 +34,9 @@ def run_folder(tmp_path, monkeypatch):
 def _checks_cell(value: float):
     """A chapter's checks cell: one evidence check (value >= 0.9), then the claim it supports."""
     c = checks.Checks(CHAPTER)
-    c.at_least("accuracy", torch.tensor(value), 0.9)
+    c.at_least("accuracy", torch.tensor(value), 0.9, evidence_for="C1")
     c.finish()
-    scoreboard.record_claim("C1", "reproduced", "s", {"acc": value}, chapter=CHAPTER,
-                            evidence={"for": ["accuracy"]})
+    c.record_claim("C1", "reproduced", "s", {"acc": value})
 
 
 # ---------------------------------------------------------------- a claim never outlives its checks

@@ -122,19 +122,21 @@ def _checks(**passed):
 
 @pytest.mark.parametrize("evidence, passed, status", [
     ({"for": ["rope holds"]}, {"rope holds": True}, "reproduced"),
-    ({"for": ["rope holds"], "against": ["base 10*"]}, {"rope holds": True, "base 10: flat": True},
+    ({"for": ["rope holds"], "against": ["base 10: flat"]}, {"rope holds": True, "base 10: flat": True},
      "reproduced in a regime"),
-    ({"against": ["cliff*"]}, {"cliff at alias": True, "cliff share": True}, "not reproduced"),
+    ({"against": ["cliff at alias", "cliff share"]}, {"cliff at alias": True, "cliff share": True},
+     "not reproduced"),
     ({"for": [], "against": []}, {"x": True}, scoreboard.UNDECIDED),
     # evidence that fails gives another status than the same record with it passing
     ({"for": ["rope holds"]}, {"rope holds": False}, scoreboard.UNDECIDED),
-    ({"for": ["rope holds"], "against": ["base 10*"]}, {"rope holds": False, "base 10: flat": True},
+    ({"for": ["rope holds"], "against": ["base 10: flat"]}, {"rope holds": False, "base 10: flat": True},
      "not reproduced"),
-    ({"for": ["rope holds"], "against": ["base 10*"]}, {"rope holds": True, "base 10: flat": False},
+    ({"for": ["rope holds"], "against": ["base 10: flat"]}, {"rope holds": True, "base 10: flat": False},
      "reproduced"),
-    ({"against": ["cliff*"]}, {"cliff at alias": True, "cliff share": False}, scoreboard.UNDECIDED),
-    # a code check is never evidence: a pattern that also matches one ignores it, failed or not
-    ({"for": ["rope*"]}, {"rope holds": True, "rope identity_code": False}, "reproduced"),
+    ({"against": ["cliff at alias", "cliff share"]}, {"cliff at alias": True, "cliff share": False},
+     scoreboard.UNDECIDED),
+    # a name is a name: no pattern
+    ({"for": ["rope holds"]}, {"rope holds": True, "rope holds too": False}, "reproduced"),
 ])
 def test_the_status_rule(evidence, passed, status):
     assert scoreboard.claim_status(evidence, _checks(**passed)) == status
@@ -148,6 +150,7 @@ def test_the_status_rule_is_one_table_over_both_sides():
 @pytest.mark.parametrize("evidence, error, match", [
     ({"for": ["nothing like it"]}, ValueError, "names no evidence check"),
     ({"for": ["identity_code"]}, ValueError, "names no evidence check"),  # code checks are not evidence
+    ({"for": ["*"]}, ValueError, "names no evidence check"),  # no patterns: a check is named
     ({"for": ["a"], "against": ["a"]}, ValueError, "both for and against"),
     ({"pro": ["a"]}, ValueError, "evidence roles"),
     ({"for": "a"}, TypeError, "list of check names"),
@@ -177,7 +180,7 @@ def test_record_claim_derives_the_status_from_the_checks_the_chapter_wrote(tmp_p
     chapter = _chapter_checks(tmp_path, monkeypatch, {"aligned": True, "base 10: not low rank": True,
                                                       "kernel_code": True})
     scoreboard.record_claim("C4", "reproduced in a regime", "s", {"n": 1}, chapter=chapter,
-                            evidence={"for": ["aligned"], "against": ["base 10*"]})
+                            evidence={"for": ["aligned"], "against": ["base 10: not low rank"]})
     record = scoreboard.load_claims()["C4"]
     assert (record["status"], record["stated"], record["derived"]) == ("reproduced in a regime",) * 2 + (True,)
     assert record["evidence"] == [{"name": "aligned", "role": "for", "passed": True},
@@ -185,38 +188,63 @@ def test_record_claim_derives_the_status_from_the_checks_the_chapter_wrote(tmp_p
 
 
 def test_checks_record_the_claim_from_memory_and_only_after_finish(tmp_path, monkeypatch):
-    """A chapter records its claim from its Checks object: the status derives from the checks in memory (the
-    file finish wrote is not read back), never before finish, and never after a finish that raised."""
+    """A chapter records its claim from its Checks object: the evidence is the checks tagged for or against the
+    claim where they were made, the status derives from them in memory (the file finish wrote is not read back),
+    never before finish, and never after a finish that raised."""
     from lengthgen_utils.book.checks import Checks
 
     monkeypatch.setenv("LENGTHGEN_CLAIMS", str(tmp_path))
     monkeypatch.setenv("LENGTHGEN_RUN_ID", "t-memory")
     check = Checks("chapters/04_carrier_kernel")
-    check.at_least("aligned", 0.9, 0.5)
+    check.at_least("aligned", 0.9, 0.5, evidence_for=("C4", "C4.aligned"))
+    check.rate_beats("base 10: not low rank", [True] * 5, [False] * 5, 0.05, against="untrained heads",
+                     evidence_against="C4")
+    check.at_most("unrelated", 0.1, 0.5)
     check.holds("kernel_code", True, code=True)
     with pytest.raises(RuntimeError, match="call check.finish"):
-        check.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["aligned"]})
+        check.record_claim("C4", "reproduced in a regime", "s", {"n": 1})
     check.finish()
+    assert [(r["for"], r["against"]) for r in check.results] == [(["C4", "C4.aligned"], []), ([], ["C4"]),
+                                                                  ([], []), ([], [])]
     scoreboard.checks_path(check.chapter).unlink()  # what finish wrote is not needed
-    check.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["aligned"]})
-    record = scoreboard.load_claims()["C4"]
-    assert (record["status"], record["derived"], record["chapter"]) == ("reproduced", True, check.chapter)
-    with pytest.raises(ValueError, match="names no evidence check"):  # a code check is never evidence
-        check.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["kernel_code"]})
+    check.record_claim("C4", "reproduced in a regime", "s", {"n": 1})
+    check.record_claim("C4.aligned", "reproduced", "s", {"n": 1})
+    claims = scoreboard.load_claims()
+    record = claims["C4"]
+    assert (record["status"], record["derived"], record["chapter"]) == ("reproduced in a regime", True, check.chapter)
+    assert [(e["name"], e["role"]) for e in record["evidence"]] == [("aligned", "for"),
+                                                                    ("base 10: not low rank", "against")]
+    assert [e["name"] for e in claims["C4.aligned"]["evidence"]] == ["aligned"]
+    with pytest.raises(ValueError, match="no check is tagged"):  # a claim no check bears on
+        check.record_claim("C5", "reproduced", "s", {"n": 1})
     failing = Checks("chapters/04_carrier_kernel")
-    failing.at_least("aligned", 0.1, 0.5)
+    failing.at_least("aligned", 0.1, 0.5, evidence_for="C4")
     with pytest.raises(AssertionError):
         failing.finish()
     with pytest.raises(RuntimeError, match="every check passed"):
-        failing.record_claim("C4", "reproduced", "s", {"n": 1}, evidence={"for": ["aligned"]})
+        failing.record_claim("C4", "reproduced", "s", {"n": 1})
     assert "C4" not in scoreboard.load_claims()  # the failed finish forgot the chapter's earlier claim
+
+
+@pytest.mark.parametrize("tags, error, match", [
+    (dict(evidence_for="C99"), ValueError, "evidence_for: claim must be one of"),
+    (dict(evidence_against=("C4", "X:a/b")), ValueError, "evidence_against: claim must be one of"),
+    (dict(evidence_for="C4", evidence_against="C4"), ValueError, "both for and against"),
+    (dict(evidence_for="C4", code=True), TypeError, "code check"),
+    (dict(evidence_on="C4"), TypeError, "evidence_on"),
+])
+def test_a_bad_tag_is_refused_where_the_check_is_made(tags, error, match):
+    from lengthgen_utils.book.checks import Checks
+
+    with pytest.raises(error, match=match):
+        Checks("chapters/04_carrier_kernel").at_least("aligned", 0.9, 0.5, **tags)
 
 
 def test_a_record_whose_evidence_fails_shows_the_derived_status_and_raises(tmp_path, monkeypatch):
     chapter = _chapter_checks(tmp_path, monkeypatch, {"aligned": True, "base 10: not low rank": False})
     with pytest.raises(ValueError, match="states 'reproduced in a regime' but its evidence gives 'reproduced'"):
         scoreboard.record_claim("C4", "reproduced in a regime", "s", {"n": 1}, chapter=chapter,
-                                evidence={"for": ["aligned"], "against": ["base 10*"]})
+                                evidence={"for": ["aligned"], "against": ["base 10: not low rank"]})
     table = scoreboard.scoreboard_table().set_index("claim")
     assert table.loc["C4", "status"] == "reproduced (the chapter states: reproduced in a regime)"
     assert "background-color:#d8f0d8" in scoreboard.scoreboard_html(table.reset_index())
@@ -235,21 +263,29 @@ def test_evidence_needs_the_chapter_and_its_checks_of_this_run(tmp_path, monkeyp
 
 
 def test_every_chapter_names_its_evidence():
-    """Chapters 1-4, 5b, 5c and 6-9 pass evidence= to record_claim (their status is derived, not typed); chapter 5b
-    records C4 (and its two halves), C5 and C1's scope from the regime map, chapter 4 its alias finding beyond the
-    paper, chapter 5c what selects the rule (beyond the paper), chapter 5 nothing."""
-    named = {}
+    """Chapters 1-4, 5b, 5c and 6-9 record claims whose status derives from checks tagged where they are made
+    (``evidence_for=`` / ``evidence_against=``, literal claim ids): every claim a chapter records has a tagged
+    check, and every tag names a claim the chapter records. Chapter 5b records C4 (and its two halves), C5 and
+    C1's scope from the regime map, chapter 4 its alias finding beyond the paper, chapter 5c what selects the
+    rule (beyond the paper), chapter 5 nothing."""
+    named, tagged = {}, {}
     for path in sorted((Path(__file__).resolve().parents[1] / "chapters").glob("0[1-9]*_*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
-            if cell.cell_type == "code" and "record_claim(" in cell.source:
-                for call in ast.walk(ast.parse(cell.source)):
-                    if isinstance(call, ast.Call) and record_claim_call(call):
-                        named.setdefault(path.stem, []).append(({k.arg for k in call.keywords}, call.args[0].value))
+            if cell.cell_type != "code" or "check" not in cell.source:
+                continue
+            for call in ast.walk(ast.parse(cell.source)):
+                if isinstance(call, ast.Call) and record_claim_call(call):
+                    assert not call.keywords, f"{path.stem}: record_claim takes no evidence= (tag the checks)"
+                    named.setdefault(path.stem, []).append(call.args[0].value)
+                for k in getattr(call, "keywords", []) if isinstance(call, ast.Call) else []:
+                    if k.arg in ("evidence_for", "evidence_against"):
+                        value = ast.literal_eval(k.value)
+                        tagged.setdefault(path.stem, set()).update([value] if isinstance(value, str) else value)
     known = {"01_retrieval_task", "02_rope_equivariance", "03_absolute_pinning", "04_carrier_kernel",
              "05b_regime_map", "05c_what_selects_the_rule", "06_linear_attention_control", "07_deep_transformer",
              "08_implicit_bias_and_rasp_l", "09_encoding_zoo"}  # a new chapter with a claim joins without a change here
-    assert known <= set(named) and all("evidence" in k for calls in named.values() for k, _ in calls), named
-    assert [c for _, c in named["05b_regime_map"]] == ["C4", "C1.content-aware head", "C4.aligned", "C4.low rank",
-                                                       "C5"]
-    assert [c for _, c in named["05c_what_selects_the_rule"]] == ["X:selection"]
-    assert [c for _, c in named["04_carrier_kernel"]] == ["X:aliases"] and "05_dilution_law" not in named
+    assert known <= set(named), named
+    assert {stem: set(claims) for stem, claims in named.items()} == tagged
+    assert named["05b_regime_map"] == ["C4", "C1.content-aware head", "C4.aligned", "C4.low rank", "C5"]
+    assert named["05c_what_selects_the_rule"] == ["X:selection"]
+    assert named["04_carrier_kernel"] == ["X:aliases"] and "05_dilution_law" not in named

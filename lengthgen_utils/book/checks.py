@@ -11,8 +11,9 @@ A checks cell states each assertion through one :class:`Checks` object instead o
     checks.beats_null("hits minus the shuffled null", p, 0.01, null="shuffled heads, permutation test")
     checks.rate_beats("seeds at >= 0.95 to 16x", holds, null_holds, 0.05, against="the linear heads")
     checks.ranks_above("seeds' lowest accuracy to 4x", lowest, null_lowest, 0.05, against="the linear heads")
+    checks.at_least("RoPE seeds at >= 0.95 to 16x", rope_16x, 0.5, evidence_for="C1")  # evidence for claim C1
     checks.finish()  # raises AssertionError listing every check that failed
-    checks.record_claim("C1", "reproduced", "one sentence", {"RoPE at 4x": 1.0}, evidence={"for": ["RoPE *"]})
+    checks.record_claim("C1", "reproduced", "one sentence", {"RoPE at 4x": 1.0})  # its status from the tags
 
 Each check is kept with its *margin*: how far the value is from failing, in the quantity's own units
 (``value - threshold`` for :meth:`~Checks.at_least`, ``threshold - value`` for :meth:`~Checks.at_most`;
@@ -24,6 +25,9 @@ conditions it runs, and a failing build names every failed check at once, not th
 :meth:`~Checks.record_claim` then records the chapter's claim with the status these checks give by the
 book's one rule (:func:`~lengthgen_utils.book.scoreboard.claim_status`), read from this object, not from
 the file :meth:`~Checks.finish` wrote.
+
+A check bears on a claim where it is made: ``evidence_for="C1"`` or ``evidence_against="C1"`` (or a tuple
+of claims); :meth:`~Checks.record_claim` collects the tagged checks, so a renamed check keeps its role.
 
 ``code=True`` marks a consistency check (two computations of one quantity, an identity that holds by
 construction): a test of the code, not evidence for the claim. The checks cell says so too.
@@ -56,18 +60,38 @@ def _number(name: str, value) -> float:
     return float(value)
 
 
+def _claims(name: str, argument: str, claims) -> list[str]:
+    """The claims a check is tagged with (``evidence_for=`` / ``evidence_against=``): one claim id or several."""
+    from .scoreboard import check_claim_id
+
+    claims = [claims] if isinstance(claims, str) else list(claims)
+    for claim in claims:
+        try:
+            check_claim_id(claim)
+        except ValueError as error:
+            raise ValueError(f"check {name!r}: {argument}: {error}") from None
+    return claims
+
+
 class Checks:
     """The assertions of one chapter's checks cell (see the module docstring).
+
+    Every check method also takes ``evidence_for=`` and ``evidence_against=``: the claim (``"C1"``, a half such
+    as ``"C4.aligned"``, or ``"X:<name>"``), or a tuple of claims, on which the check bears, as evidence for it
+    or against it. :meth:`record_claim` reads the tags; a code check (``code=True``) takes none.
 
     Args:
         chapter: the chapter's path without suffix, e.g. ``"chapters/04_carrier_kernel"``.
 
     Attributes:
         results: one dict per check, in order: ``name``, ``op`` (``">="``, ``"<="``, ``">"``, ``"<"``, ``"holds"``),
-            ``value``, ``threshold``, ``margin``, ``passed``, ``kind`` (``"evidence"`` or ``"code"``).
+            ``value``, ``threshold``, ``margin``, ``passed``, ``kind`` (``"evidence"`` or ``"code"``), ``for`` and
+            ``against`` (the claims it is tagged with).
 
     Raises:
-        ValueError: two checks with one name (the robustness table matches checks across runs by name).
+        ValueError: two checks with one name (the robustness table matches checks across runs by name); a tag
+            that is not a claim id, or one claim tagged both for and against.
+        TypeError: a code check with a tag.
     """
 
     def __init__(self, chapter: str):
@@ -77,37 +101,45 @@ class Checks:
         self.results: list[dict] = []
         self.finished = False  # set by finish(), which every claim waits for
 
-    def _add(self, name: str, op: str, value, threshold, margin, passed: bool, code: bool, detail) -> bool:
+    def _add(self, name: str, op: str, value, threshold, margin, passed: bool, code: bool, detail,
+             evidence_for=(), evidence_against=()) -> bool:
         if not isinstance(name, str) or not name:
             raise TypeError(f"a check's name must be a non-empty str; got {name!r}")
         if any(r["name"] == name for r in self.results):
             raise ValueError(f"two checks are named {name!r}: give each check its own name")
+        roles = {"for": _claims(name, "evidence_for", evidence_for),
+                 "against": _claims(name, "evidence_against", evidence_against)}
+        if code and (roles["for"] or roles["against"]):
+            raise TypeError(f"check {name!r}: a code check (code=True) tests the code; it is evidence for no claim")
+        both = set(roles["for"]) & set(roles["against"])
+        if both:
+            raise ValueError(f"check {name!r} is tagged both for and against {sorted(both)}")
         self.results.append({"name": name, "op": op, "value": value, "threshold": threshold, "margin": margin,
                              "passed": bool(passed), "kind": "code" if code else "evidence",
-                             "detail": None if detail is None else str(detail)[:300]})
+                             "detail": None if detail is None else str(detail)[:300], **roles})
         return bool(passed)
 
-    def at_least(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+    def at_least(self, name: str, value, threshold, *, code: bool = False, detail=None, **tags) -> bool:
         """Check ``value >= threshold`` (a NaN value fails). Returns whether it passed."""
         v, t = _number(name, value), _number(name, threshold)
-        return self._add(name, ">=", v, t, v - t, v >= t, code, detail)
+        return self._add(name, ">=", v, t, v - t, v >= t, code, detail, **tags)
 
-    def at_most(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+    def at_most(self, name: str, value, threshold, *, code: bool = False, detail=None, **tags) -> bool:
         """Check ``value <= threshold`` (a NaN value fails). Returns whether it passed."""
         v, t = _number(name, value), _number(name, threshold)
-        return self._add(name, "<=", v, t, t - v, v <= t, code, detail)
+        return self._add(name, "<=", v, t, t - v, v <= t, code, detail, **tags)
 
-    def above(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+    def above(self, name: str, value, threshold, *, code: bool = False, detail=None, **tags) -> bool:
         """Check ``value > threshold`` (strictly; a NaN value fails). Returns whether it passed."""
         v, t = _number(name, value), _number(name, threshold)
-        return self._add(name, ">", v, t, v - t, v > t, code, detail)
+        return self._add(name, ">", v, t, v - t, v > t, code, detail, **tags)
 
-    def below(self, name: str, value, threshold, *, code: bool = False, detail=None) -> bool:
+    def below(self, name: str, value, threshold, *, code: bool = False, detail=None, **tags) -> bool:
         """Check ``value < threshold`` (strictly; a NaN value fails). Returns whether it passed."""
         v, t = _number(name, value), _number(name, threshold)
-        return self._add(name, "<", v, t, t - v, v < t, code, detail)
+        return self._add(name, "<", v, t, t - v, v < t, code, detail, **tags)
 
-    def share(self, name: str, flags, *, at_least=None, at_most=None, code: bool = False) -> bool:
+    def share(self, name: str, flags, *, at_least=None, at_most=None, code: bool = False, **tags) -> bool:
         """Check a rate: the share of units (seeds, heads) for which ``flags`` holds, against ``at_least`` or
         ``at_most`` (one of the two). The record keeps ``m/n`` and its interval in its detail.
 
@@ -127,10 +159,10 @@ class Checks:
         m, n = self._count(name, flags)
         detail = rate_text(m, n)
         if at_least is not None:
-            return self.at_least(name, m / n, at_least, code=code, detail=detail)
-        return self.at_most(name, m / n, at_most, code=code, detail=detail)
+            return self.at_least(name, m / n, at_least, code=code, detail=detail, **tags)
+        return self.at_most(name, m / n, at_most, code=code, detail=detail, **tags)
 
-    def rate_at_least(self, name: str, flags, bound, *, reason: str, code: bool = False) -> bool:
+    def rate_at_least(self, name: str, flags, bound, *, reason: str, code: bool = False, **tags) -> bool:
         """Check a rate "at least ``bound``" by its uncertainty: the lower end of the Wilson 95% interval of the
         share of ``flags`` that hold must be ``>= bound``. The record's value is that lower end; its detail
         keeps ``m/n``, the interval and ``reason``.
@@ -146,9 +178,9 @@ class Checks:
         Source: :func:`~lengthgen_utils.analysis.rates.wilson_interval`.
         """
         (low, _), bound, detail = self._interval(name, flags, bound, reason, "lower")
-        return self.at_least(name, low, bound, code=code, detail=detail)
+        return self.at_least(name, low, bound, code=code, detail=detail, **tags)
 
-    def rate_at_most(self, name: str, flags, bound, *, reason: str, code: bool = False) -> bool:
+    def rate_at_most(self, name: str, flags, bound, *, reason: str, code: bool = False, **tags) -> bool:
         """Check a rate "at most ``bound``" by its uncertainty: the upper end of the Wilson 95% interval of the
         share of ``flags`` that hold must be ``<= bound`` (the mirror of :meth:`rate_at_least`). The record's
         value is that upper end; its detail keeps ``m/n``, the interval and ``reason``.
@@ -159,7 +191,7 @@ class Checks:
         Source: :func:`~lengthgen_utils.analysis.rates.wilson_interval`.
         """
         (_, high), bound, detail = self._interval(name, flags, bound, reason, "upper")
-        return self.at_most(name, high, bound, code=code, detail=detail)
+        return self.at_most(name, high, bound, code=code, detail=detail, **tags)
 
     def _interval(self, name: str, flags, bound, reason, end: str) -> tuple:
         """The Wilson interval of ``flags``, the checked ``bound`` and the record's detail (both rate checks)."""
@@ -171,7 +203,7 @@ class Checks:
             raise ValueError(f"check {name!r}: bound must be a rate in [0, 1]; got {bound}")
         return wilson_interval(m, n), bound, f"{rate_text(m, n)}; {end} end vs {bound:.3g}: {reason}"
 
-    def beats_null(self, name: str, p_value, level, *, null: str, detail=None) -> bool:
+    def beats_null(self, name: str, p_value, level, *, null: str, detail=None, **tags) -> bool:
         """Check a one-sided test of the trained heads against their null: ``p_value <= level``.
 
         Args:
@@ -190,9 +222,9 @@ class Checks:
         if not 0.0 < level < 1.0:
             raise ValueError(f"check {name!r}: level must be in (0, 1); got {level}")
         text = f"one-sided p against {null}" + ("" if detail is None else f"; {detail}")
-        return self.at_most(name, p_value, level, detail=text)
+        return self.at_most(name, p_value, level, detail=text, **tags)
 
-    def rate_beats(self, name: str, flags, null, level, *, against: str) -> bool:
+    def rate_beats(self, name: str, flags, null, level, *, against: str, **tags) -> bool:
         """Check that a rate beats its null's by a one-sided exact test: ``p <= level``.
 
         The null is either the same flags measured on the null's units (an untrained, conditioned or control
@@ -224,9 +256,9 @@ class Checks:
             m0, n0 = self._count(name, null)
             p, test, base = fisher_p(m, n, m0, n0), "Fisher exact test", rate_text(m0, n0)
         return self.beats_null(name, p, level, null=f"{against} ({test})",
-                               detail=f"{rate_text(m, n)} against {base}")
+                               detail=f"{rate_text(m, n)} against {base}", **tags)
 
-    def ranks_above(self, name: str, values, null, level, *, against: str) -> bool:
+    def ranks_above(self, name: str, values, null, level, *, against: str, **tags) -> bool:
         """Check that the trained heads' numbers rank above their null's: one-sided rank test, ``p <= level``.
 
         Where each unit carries a number (a seed's lowest accuracy up to 4x) and the claim is that the
@@ -253,7 +285,7 @@ class Checks:
         p = rank_sum_p(x, y)
         return self.beats_null(name, p, level, null=f"{against} (rank test)",
                                detail=f"median {statistics.median(x):.3g} of {len(x)} against "
-                                      f"{statistics.median(y):.3g} of {len(y)}")
+                                      f"{statistics.median(y):.3g} of {len(y)}", **tags)
 
     @staticmethod
     def _count(name: str, flags) -> tuple[int, int]:
@@ -262,7 +294,7 @@ class Checks:
             raise ValueError(f"check {name!r}: a rate of no units is undefined")
         return sum(values), len(values)
 
-    def holds(self, name: str, condition, *, code: bool = False, detail=None) -> bool:
+    def holds(self, name: str, condition, *, code: bool = False, detail=None, **tags) -> bool:
         """Check a yes/no statement (no margin: prefer :meth:`at_least` / :meth:`at_most` where a number decides).
 
         ``condition`` is a bool or a one-element boolean tensor.
@@ -273,7 +305,7 @@ class Checks:
             condition = bool(condition.item())
         if not isinstance(condition, bool) and type(condition).__name__ != "bool_":
             raise TypeError(f"check {name!r}: the condition must be a bool; got {type(condition).__name__}")
-        return self._add(name, "holds", None, None, None, bool(condition), code, detail)
+        return self._add(name, "holds", None, None, None, bool(condition), code, detail, **tags)
 
     @property
     def failed(self) -> list[dict]:
@@ -331,20 +363,19 @@ class Checks:
         if show:
             print(self.summary())
 
-    def record_claim(self, claim: str, status: str, summary: str, numbers: dict | None = None, *,
-                     evidence: dict) -> None:
+    def record_claim(self, claim: str, status: str, summary: str, numbers: dict | None = None) -> None:
         """Record ``claim`` for the scoreboard with the status these checks derive (after :meth:`finish`).
 
-        The evidence is read from this object's checks, in memory; the record is the one
-        :func:`~lengthgen_utils.book.scoreboard.record_claim` writes for this chapter.
+        The evidence is the checks tagged ``evidence_for=claim`` or ``evidence_against=claim``, read from this
+        object, in memory; the record is the one :func:`~lengthgen_utils.book.scoreboard.record_claim` writes
+        for this chapter.
 
         Args:
             claim, status, summary, numbers: as :func:`~lengthgen_utils.book.scoreboard.record_claim`.
-            evidence: ``{"for": [...], "against": [...]}``, names or ``*`` patterns of this chapter's checks
-                (:func:`~lengthgen_utils.book.scoreboard.evidence_checks`).
 
         Raises:
             RuntimeError: :meth:`finish` has not run, or raised (a claim never outlives its checks).
+            ValueError: no check is tagged for or against ``claim``.
             ValueError / TypeError: as :func:`~lengthgen_utils.book.scoreboard.record_claim` (a derived status
                 other than the stated one is written, then raised).
         """
@@ -353,6 +384,10 @@ class Checks:
         if not self.finished:
             raise RuntimeError(f"{self.chapter}: call check.finish() before check.record_claim (and only "
                                "after every check passed)")
+        evidence = {role: [r["name"] for r in self.results if claim in r[role]] for role in ("for", "against")}
+        if not evidence["for"] and not evidence["against"]:
+            raise ValueError(f"{self.chapter}: no check is tagged evidence_for={claim!r} or "
+                             f"evidence_against={claim!r}; tag the checks that bear on it where they are made")
         record_claim(claim, status, summary, numbers, chapter=self.chapter, evidence=evidence,
                      checks=self.record()["checks"])
 

@@ -81,9 +81,8 @@ def evidence_checks(evidence: dict, checks: list[dict]) -> dict:
     """The chapter's evidence checks that ``evidence`` names, by role.
 
     Args:
-        evidence: ``{"for": [pattern, ...], "against": [pattern, ...]}`` (either list may be empty or left
-            out); a pattern is a check's name, or a shell-style pattern (``fnmatch``: ``*`` any text) for
-            several.
+        evidence: ``{"for": [name, ...], "against": [name, ...]}`` (either list may be empty or left out): the
+            names of the chapter's checks (a chapter tags them where they are made, :class:`~lengthgen_utils.book.checks.Checks`).
         checks: the chapter's check records (the ``"checks"`` list :meth:`Checks.record` writes: ``name``,
             ``passed``, ``kind``).
 
@@ -92,12 +91,10 @@ def evidence_checks(evidence: dict, checks: list[dict]) -> dict:
         (``kind == "code"``, tests of the code, not evidence) are never selected.
 
     Raises:
-        ValueError: a role not in :data:`EVIDENCE_ROLES`; a pattern that names no evidence check of the
-            chapter (the message lists the chapter's evidence checks); a check named for both roles.
+        ValueError: a role not in :data:`EVIDENCE_ROLES`; a name that is no evidence check of the chapter (the
+            message lists the chapter's evidence checks); a check named for both roles.
         TypeError: ``evidence`` is not a dict of lists of strings.
     """
-    from fnmatch import fnmatchcase
-
     if not isinstance(evidence, dict):
         raise TypeError(f"evidence must be a dict {{'for': [...], 'against': [...]}}; got {type(evidence).__name__}")
     unknown = [r for r in evidence if r not in EVIDENCE_ROLES]
@@ -106,17 +103,14 @@ def evidence_checks(evidence: dict, checks: list[dict]) -> dict:
     usable = [c for c in checks if c.get("kind") != "code"]
     chosen = {}
     for role in EVIDENCE_ROLES:
-        patterns = evidence.get(role, [])
-        if isinstance(patterns, str) or not all(isinstance(x, str) for x in patterns):
-            raise TypeError(f"evidence[{role!r}] must be a list of check names or patterns; got {patterns!r}")
-        picked = []
-        for pattern in patterns:
-            hits = [c for c in usable if fnmatchcase(c["name"], pattern)]
-            if not hits:
-                raise ValueError(f"evidence[{role!r}]: {pattern!r} names no evidence check of the chapter; its "
+        names = evidence.get(role, [])
+        if isinstance(names, str) or not all(isinstance(x, str) for x in names):
+            raise TypeError(f"evidence[{role!r}] must be a list of check names; got {names!r}")
+        for name in names:
+            if not any(c["name"] == name for c in usable):
+                raise ValueError(f"evidence[{role!r}]: {name!r} names no evidence check of the chapter; its "
                                  f"evidence checks are {[c['name'] for c in usable]}")
-            picked += [c for c in hits if c not in picked]
-        chosen[role] = [c for c in usable if c in picked]
+        chosen[role] = [c for c in usable if c["name"] in names]
     both = [c["name"] for c in chosen["for"] if c in chosen["against"]]
     if both:
         raise ValueError(f"checks named both for and against the claim: {both}")
@@ -135,7 +129,7 @@ def claim_status(evidence: dict, checks: list[dict]) -> str:
     against it turns "reproduced in a regime" into "reproduced" and "not reproduced" into "undecided".
 
     Args:
-        evidence: ``{"for": [...], "against": [...]}`` check names or patterns (:func:`evidence_checks`).
+        evidence: ``{"for": [...], "against": [...]}`` check names (:func:`evidence_checks`).
         checks: the chapter's check records (``name``, ``passed``, ``kind``).
 
     Raises:
@@ -191,6 +185,19 @@ CHAPTER_PAGE = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")
 (``chapters/04_carrier_kernel``): letters, digits, ``_`` and ``-`` between slashes, so never a scheme
 (``javascript:``), a ``..`` or an address outside the book."""
 _FINDING = re.compile(r"X:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_claim_id(claim) -> str:
+    """``claim`` if it names a claim: a key of :data:`CLAIMS`, of :data:`SUBCLAIMS`, or ``"X:<name>"``.
+
+    Raises:
+        ValueError: anything else (the message lists what is allowed).
+    """
+    if claim not in CLAIMS and claim not in SUBCLAIMS and not (isinstance(claim, str) and _FINDING.fullmatch(claim)):
+        raise ValueError(f"claim must be one of {tuple(CLAIMS)}, a half of one {tuple(SUBCLAIMS)} or 'X:<name>', "
+                         f"the name 1-64 letters, digits, '_', '.' or '-' (it names the record's file; no "
+                         f"'/'); got {claim!r}")
+    return claim
 
 
 def provenance() -> dict:
@@ -288,7 +295,7 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
         numbers: the key numbers, ``{name: value}`` (JSON numbers or strings).
         chapter: the chapter that checked it (e.g. ``"chapters/04_carrier_kernel"``).
         evidence: ``{"for": [...], "against": [...]}``, the chapter's evidence checks that bear on the claim
-            (names or ``fnmatch`` patterns, :func:`evidence_checks`); read from the checks the chapter wrote in
+            (check names, :func:`evidence_checks`); read from the checks the chapter wrote in
             this run (:func:`checks_path`), so ``check.finish()`` comes first. The record's ``"status"`` is then
             :func:`claim_status`'s, and ``"evidence"`` keeps each named check's name, role and whether it
             passed. Without it (a record made by hand) the status is the stated one and ``"derived"`` is False.
@@ -304,10 +311,7 @@ def record_claim(claim: str, status: str, summary: str, numbers: dict | None = N
             the stated one (raised after the record is written, so the scoreboard shows both).
         TypeError: numbers JSON cannot hold; malformed evidence.
     """
-    if claim not in CLAIMS and claim not in SUBCLAIMS and not (isinstance(claim, str) and _FINDING.fullmatch(claim)):
-        raise ValueError(f"claim must be one of {tuple(CLAIMS)}, a half of one {tuple(SUBCLAIMS)} or 'X:<name>', "
-                         f"the name 1-64 letters, digits, '_', '.' or '-' (it names the record's file; no "
-                         f"'/'); got {claim!r}")
+    check_claim_id(claim)
     if not isinstance(chapter, str) or (chapter and not CHAPTER_PAGE.fullmatch(chapter)):
         raise ValueError("chapter must be the chapter's path in the book without its suffix (e.g. "
                          f"'chapters/04_carrier_kernel': letters, digits, '_', '-' and '/'); got {chapter!r}")
