@@ -232,6 +232,8 @@ def test_checks_record_the_claim_from_memory_and_only_after_finish(tmp_path, mon
     (dict(evidence_for="C4", evidence_against="C4"), ValueError, "both for and against"),
     (dict(evidence_for="C4", code=True), TypeError, "code check"),
     (dict(evidence_on="C4"), TypeError, "evidence_on"),
+    (dict(evidence_for=4), TypeError, "evidence_for must be a claim id or a tuple"),
+    (dict(evidence_for=None), TypeError, "evidence_for must be a claim id or a tuple"),
 ])
 def test_a_bad_tag_is_refused_where_the_check_is_made(tags, error, match):
     from lengthgen_utils.book.checks import Checks

@@ -64,6 +64,9 @@ def _claims(name: str, argument: str, claims) -> list[str]:
     """The claims a check is tagged with (``evidence_for=`` / ``evidence_against=``): one claim id or several."""
     from .scoreboard import check_claim_id
 
+    if not isinstance(claims, (str, tuple, list)):
+        raise TypeError(f"check {name!r}: {argument} must be a claim id or a tuple of them (e.g. 'C1', "
+                        f"('C4', 'C4.aligned')); got {type(claims).__name__} {claims!r}")
     claims = [claims] if isinstance(claims, str) else list(claims)
     for claim in claims:
         try:
