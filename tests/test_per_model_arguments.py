@@ -157,7 +157,7 @@ ONE_VALUE = {
              "runners.recurrent_accuracy"},  # handed on to accuracy_by_length, whose per-model tasks are walked
     "tokens": {"models.Transformer.forward", "models.Transformer.head_scores", "fast.FastTransformer.forward",
                "fast.FastTransformer.head_scores", "models.LinearRNN.states", "tasks.Task.targets",
-               "tasks.batch_targets", "tasks.query_targets",
+               "tasks.query_targets",
                "bench.PlainGPT.forward", "bench.PlainHead.forward"},  # [B, L] shared by every model (the benchmark's peer: one model)
     "weights": {"kernel.participation_ratio", "kernel.alignment"},  # any non-negative weights, no model dimension assumed
     # a null's seed (one random stream for every draw), per-head labels and margins of figures whose length

@@ -28,7 +28,7 @@ from .._validate import (Normalized, check_int, check_int_sequence, check_positi
                          per_model_rows)
 from .seeding import generator
 from .attention import ROW_WEIGHTS, _check_bias, attention_scores, causal_mask, check_attention, check_attention_fits
-from .attention import ELU_LINEAR, UNREFUSED, elu_linear_weights
+from .attention import ELU_LINEAR, UNREFUSED, elu_linear_weights, _softmax_rows
 from .encodings import Encoding, RoPE, get_encoding
 from .rope import _kernel_features, check_relative_positions, kernel_frequencies
 
@@ -317,11 +317,12 @@ class RetrievalHead(SingleHead):
         """
         encoding = self.encoding if encoding is None else get_encoding(encoding)
         positions = torch.as_tensor(positions).cpu()
-        x = self.u[:, None, :]
+        x = self.u[:, None, :]  # [M, 1, d_model]
         added = encoding.embed(self.pe_params, positions)
-        x = x + added if added is not None else x.expand(-1, positions.shape[0], -1)  # [M, P, d_model]
-        q = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_q), positions)
-        k = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_k), positions)
+        x = x + added if added is not None else x  # [M, P, d_model], or [M, 1, d_model]: the same at every position
+        shape = (-1, positions.shape[0], -1)
+        q = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_q).expand(shape), positions)  # [M, P, d_head]
+        k = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_k).expand(shape), positions)
         return q, k
 
     def scores(self, seq_len: int, position_shift: int = 0, positions: Tensor | None = None) -> Tensor:
@@ -508,7 +509,7 @@ class ContentRetrievalHead(SingleHead):
         if logit_scale != 1.0:
             logit_scale = check_positive_float("logit_scale", logit_scale)
         s = self._content_scores(tokens, positions)
-        attn = (s if logit_scale == 1.0 else logit_scale * s).softmax(-1)
+        attn = _softmax_rows(s if logit_scale == 1.0 else logit_scale * s)  # [M, B, L]
         if not getattr(self, "_diverged_allowed", False) and not bool(torch.isfinite(attn).all()):
             raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")
         return readout(attn, tokens, self.value_table()), attn

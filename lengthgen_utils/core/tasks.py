@@ -447,24 +447,15 @@ def shared_task(task) -> "Task":
     return task
 
 
-def batch_targets(tasks: list, tokens: Tensor) -> Tensor:
-    """Targets ``[M, B, L]`` for an ensemble whose model ``i`` solves ``tasks[i]`` on the shared ``tokens [B, L]``.
-
-    Each distinct task computes its targets once (a sweep has a few offsets and many seeds per offset).
-    ``tasks`` is a checked list (:func:`as_task_list`) and ``tokens`` a batch they sampled (the loops call this
-    once per batch), so the tokens are not checked again (:meth:`Task.targets` checks a batch from elsewhere).
-    """
-    if all(t == tasks[0] for t in tasks):
-        return tasks[0]._targets_at(tokens).expand(len(tasks), *tokens.shape)
-    try:
-        per_task = {t: t._targets_at(tokens) for t in dict.fromkeys(tasks)}
-    except TypeError:  # an unhashable task: compute per model
-        return torch.stack([t._targets_at(tokens) for t in tasks])
-    return torch.stack([per_task[t] for t in tasks])
-
-
 def query_targets(tasks: list, tokens: Tensor) -> Tensor:
-    """Targets ``[M, B]`` at the query (last) position, for query-only tasks (the single-head readout).
+    """Targets ``[M, B]`` at the query (last) position for an ensemble whose model ``i`` solves ``tasks[i]``
+    on the shared ``tokens [B, L]`` (query-only tasks: the single-head readout).
+
+    Each distinct task computes its targets once (a sweep has a few offsets and many seeds per offset), and
+    only the query's are kept: at 1024 tokens, 120 models' full ``[M, B, L]`` targets would be half a
+    gigabyte. ``tasks`` is a checked list (:func:`as_task_list`) and ``tokens`` a batch they sampled (the loops
+    call this once per batch), so the tokens are not checked again (:meth:`Task.targets` checks a batch from
+    elsewhere).
 
     Raises:
         ValueError: a task scores more than the last position.
@@ -472,4 +463,10 @@ def query_targets(tasks: list, tokens: Tensor) -> Tensor:
     if not tasks[0].query_only:
         raise ValueError(f"the single-head readout needs a query-only task (one target, at the last position); "
                          f"got {tasks[0]!r}")
-    return batch_targets(tasks, tokens)[..., -1]
+    if all(t == tasks[0] for t in tasks):
+        return tasks[0]._targets_at(tokens)[..., -1].expand(len(tasks), tokens.shape[0])
+    try:
+        per_task = {t: t._targets_at(tokens)[..., -1] for t in dict.fromkeys(tasks)}
+    except TypeError:  # an unhashable task: compute per model
+        return torch.stack([t._targets_at(tokens)[..., -1] for t in tasks])
+    return torch.stack([per_task[t] for t in tasks])

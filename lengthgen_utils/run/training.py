@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .._validate import check_device, check_fits, check_int, env_int, per_model_ints
 from ..core.models import KernelHead, Transformer, diverged_models_allowed
-from ..core.tasks import IGNORE_INDEX, as_task_list, batch_targets, shared_task
+from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from ..core.seeding import generator
 from .optim import OptimizerSettings, build_optimizer, per_model_settings
 
@@ -299,7 +299,7 @@ def _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_len
         for seq_len in ([train_len] if fixed_length else range(min_len, train_len + 1)):
             positions = model.encoding.train_positions(seq_len, gen)
             tokens, _ = tasks[0].sample(train_set, seq_len, gen, "cpu")
-            fixed.append((positions, tokens.to(device), batch_targets(tasks, tokens)[..., -1].to(device)))
+            fixed.append((positions, tokens.to(device), query_targets(tasks, tokens).to(device)))
 
         def full_batch_loss():
             losses = [ensemble_cross_entropy(model(tokens, positions=positions)[0], targets)
@@ -317,7 +317,7 @@ def _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_len
         tokens, _ = tasks[0].sample(batch_size, seq_len, gen, "cpu")  # train checked every length it draws
         tokens = tokens.to(device, non_blocking=True)
         logits, _ = model(tokens, positions=positions)  # tokens come from the task: valid
-        return ensemble_cross_entropy(logits, batch_targets(tasks, tokens)[..., -1])  # query-only: checked
+        return ensemble_cross_entropy(logits, query_targets(tasks, tokens))  # query-only: checked
 
     history = _run_steps(model, opt, batch_loss, steps, device,
                          progress=bool(progress or (progress is None and steps >= 5000)), callback=callback)
@@ -415,7 +415,7 @@ def _train_squared_loss_loop(model, tasks, seeds, per_model, optimizer, steps, b
                                   for b in batches]).to(device)  # [M, B, longest]
         else:
             tokens = batches[0].to(device)
-            targets = batch_targets(tasks, tokens)[..., -1]
+            targets = query_targets(tasks, tokens)
         outputs, _ = model(tokens)  # tokens the task sampled (and query-token padding): valid
         return ensemble_squared_error(outputs, targets)
 
