@@ -12,7 +12,6 @@ from lengthgen_utils.core.models import RetrievalHead, Transformer
 from lengthgen_utils.core.rope import (
     apply_rope,
     kernel_frequencies,
-    rope_cos_sin,
     rope_inverse_frequencies,
 )
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
@@ -46,8 +45,6 @@ API = [
     ("RunningParity.sample", tasks.RunningParity().sample, dict(batch_size=2, seq_len=7),
      dict(batch_size="size", seq_len="size")),
     ("rope_inverse_frequencies", rope_inverse_frequencies, dict(d_head=8, base=1e4), dict(d_head="size", base="real")),
-    ("rope_cos_sin", rope_cos_sin, dict(seq_len=4, d_head=8, base=1e4), dict(seq_len="size", d_head="size",
-                                                                             base="real")),
     ("LearnedAPE", LearnedAPE, dict(init_std=0.02), dict(init_std="real_or_zero")),
     ("RoPE", RoPE, dict(base=1e4, interleaved=False), dict(base="real")),
     ("RetrievalHead", RetrievalHead, dict(vocab_size=8, d_model=8, d_head=8, pe="rope", max_len=16, n_models=1),

@@ -46,7 +46,6 @@ def test_devices_are_checked_up_front_and_a_failed_call_leaves_the_model_unchang
             cache=False),
         "sample": lambda device: task.sample(2, 4, torch.Generator(), device=device),
         "causal_mask": lambda device: attention.causal_mask(3, device=device),
-        "rope_cos_sin": lambda device: rope.rope_cos_sin(3, 4, device=device),
         "load_or_run": lambda device: cache.load_or_run(Toy(), _compute(), cache=False, device=device),
     }
     models_ = (head, kernel_head, tf)

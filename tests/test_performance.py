@@ -24,7 +24,7 @@ from lengthgen_utils.run.cache import cache_description, load_or_run
 from lengthgen_utils.run.configs import RetrievalExperiment, RetrievalSweep
 from lengthgen_utils.core.models import RetrievalHead, Transformer
 from lengthgen_utils.core.encodings import LearnedAPE, RoPE
-from lengthgen_utils.core.rope import apply_rope, rope_cos_sin
+from lengthgen_utils.core.rope import _rope_cos_sin, apply_rope
 from lengthgen_utils.run.profiles import PROFILES, Profile
 from lengthgen_utils.run.runners import run_retrieval, run_sweep
 from lengthgen_utils.core.tasks import FixedOffsetRetrieval
@@ -128,14 +128,16 @@ def test_memoised_rope_tables_equal_apply_rope_bit_for_bit():
     x = torch.randn(3, 40, 16, generator=torch.Generator().manual_seed(0))
     from lengthgen_utils.core.rope import rotate_pairs
 
-    cos, sin = rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))
+    cos, sin = _rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))
     assert torch.equal(rotate_pairs(x, cos, sin), apply_rope(x, torch.arange(40) + 1000))
-    hits = rope_cos_sin.cache_info().hits
-    again = rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))[0]
-    assert rope_cos_sin.cache_info().hits == hits + 1  # memoised
-    assert torch.equal(again, cos) and again is not cos  # and each caller gets its own copy (reliability III, 10)
-    with pytest.raises(ValueError, match="d_head"):
-        rope_cos_sin(8, 15)
+    hits = _rope_cos_sin.cache_info().hits
+    again = _rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))[0]
+    assert _rope_cos_sin.cache_info().hits == hits + 1  # memoised
+    # the models' rotation reads the memo: equal to apply_rope at the same positions
+    head = RetrievalHead(4, 8, 16, "rope", max_len=2048)
+    q, _ = head.queries_keys(torch.arange(40) + 1000)
+    u = torch.einsum("md,mhd->mh", head.u, head.w_q)[:, None].expand(-1, 40, -1)
+    assert torch.equal(q, apply_rope(u, torch.arange(40) + 1000))
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.float64, 1e-14)])
@@ -154,7 +156,7 @@ def test_interleaved_rope_as_a_complex_multiply_equals_the_pairwise_rotation(dty
 
 
 def test_tables_first_built_in_inference_mode_still_train():
-    rope_cos_sin.cache_clear()
+    _rope_cos_sin.cache_clear()
     model = RetrievalHead(n_models=2)
     with torch.inference_mode():
         model.scores(13)

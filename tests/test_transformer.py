@@ -296,12 +296,13 @@ def test_attention_weights_and_head_scores_follow_the_reference(pe, cls):
 @BOTH
 @pytest.mark.parametrize("pe", ["rope", "ape", "alibi"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_training_a_transformer_ensemble_equals_training_each_model_alone(pe, threads, cls):
+def test_training_a_transformer_ensemble_equals_training_each_model_alone(pe, threads, cls, monkeypatch):
     """Model i of a trained ensemble is the model trained alone: losses within 1e-6 and parameters within
     1e-6 (relative) in float32, at 1 and 2 threads (on the machines we ran, they were bit-identical)."""
     task, seeds = DelayedCopy(16, 5), [3, 4, 5]
     kwargs = dict(optimizer=OptimizerSettings("adamw", lr=3e-3, weight_decay=0.05), steps=6, batch_size=8, train_len=16,
-                  device="cpu", num_threads=threads)
+                  device="cpu")
+    monkeypatch.setenv("LENGTHGEN_THREADS", str(threads))  # the count every trainer runs at
     ensemble = cls(16, 2, 4, 32, pe, max_len=32, n_models=3, seeds=seeds)
     history = train_sequence(ensemble, task, **kwargs)
     for i, seed in enumerate(seeds):

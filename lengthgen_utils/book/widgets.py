@@ -209,33 +209,31 @@ class RetrievalExplorer(widgets.VBox):
             Exception: whatever training or evaluation raised, after showing its message in ``status``.
         """
         try:
-            self._retrain()
+            task = FixedOffsetRetrieval(16, self.offset.value)
+            task.check_seq_len(self.train_len.value)
+            pes = self.pes
+            self.progress.max = self.steps * len(pes)
+            self.progress.value = 0
+            self.retrain_button.disabled = True
+            start = time.perf_counter()
+            try:
+                for i, pe in enumerate(pes):
+                    label = get_encoding(pe).label
+                    self.status.value = f"training {label} ({self.n_seeds} seeds, {self.steps} steps)..."
+                    model = RetrievalHead(pe=pe, max_len=MAX_LEN, n_models=self.n_seeds)
+
+                    def tick(step, loss, done=i * self.steps):
+                        self.progress.value = done + step
+
+                    train(model, task, steps=self.steps, batch_size=self.batch_size, train_len=self.train_len.value,
+                          callback=tick)
+                    self._models[self._key(pe)] = model
+            finally:
+                self.retrain_button.disabled = False
+            self._plot(note=f"trained in {time.perf_counter() - start:.1f} s")
         except Exception as err:
             self._show_error("Retrain", err)
             raise
-
-    def _retrain(self) -> None:
-        task = FixedOffsetRetrieval(16, self.offset.value)
-        task.check_seq_len(self.train_len.value)
-        pes = self.pes
-        self.progress.max = self.steps * len(pes)
-        self.progress.value = 0
-        self.retrain_button.disabled = True
-        start = time.perf_counter()
-        try:
-            for i, pe in enumerate(pes):
-                self.status.value = f"training {get_encoding(pe).label} ({self.n_seeds} seeds, {self.steps} steps)..."
-                model = RetrievalHead(pe=pe, max_len=MAX_LEN, n_models=self.n_seeds)
-
-                def tick(step, loss, done=i * self.steps):
-                    self.progress.value = done + step
-
-                train(model, task, steps=self.steps, batch_size=self.batch_size, train_len=self.train_len.value,
-                      callback=tick)
-                self._models[self._key(pe)] = model
-        finally:
-            self.retrain_button.disabled = False
-        self._plot(note=f"trained in {time.perf_counter() - start:.1f} s")
 
     def _settings_changed(self) -> None:
         try:

@@ -449,25 +449,21 @@ class ContentRetrievalHead(SingleHead):
             raise ValueError(f"ContentRetrievalHead attends with softmax only; got attention={attention!r}")
         super().__init__(vocab_size, d_model, d_head, pe, attention, max_len, n_models, seeds, init_scale)
 
-    def logit_table(self, seq_len: int) -> Tensor:
+    def logit_table(self, seq_len: int, positions: Tensor | None = None) -> Tensor:
         """Every logit the query at the last position can give a key: ``[M, V+1, L, V+1]``, indexed by
-        (the query's token, the key's position, the key's token), at positions ``0 .. seq_len - 1``.
+        (the query's token, the key's position, the key's token), at positions ``0 .. seq_len - 1`` or at
+        ``positions`` (``[seq_len]`` integers: a forward pass's).
 
         A position-only head has one kernel over the offset; this head has one per (query token, key
         token) pair, and training shapes them only inside its window (chapter 5b reads beyond it).
 
         Raises:
-            ValueError / TypeError: ``seq_len`` not an integer in ``1 .. max_len`` (APE).
+            ValueError / TypeError: ``seq_len`` not an integer >= 1, ``positions`` not ``seq_len`` integers,
+                or a position the encoding cannot cover (APE).
 
         Source: chapter 5b, "Why the ordinary head fails at 2x".
         """
-        seq_len = check_int("seq_len", seq_len, minimum=1)
-        positions = torch.arange(seq_len)
-        self.check_positions(positions)
-        return self._logit_table(positions)
-
-    def _logit_table(self, positions: Tensor) -> Tensor:
-        """:meth:`logit_table` at ``positions`` ``[L]`` (checked by the caller)."""
+        positions = _model_positions(self, seq_len, 0, positions)
         m, n_tokens, seq_len = self.n_models, self.config.vocab_size + 1, positions.shape[0]
         x = self.u[:, None, :] + self.embed  # [M, V+1, d_model]: each token's input before the position
         q = torch.einsum("mvd,mhd->mvh", x, self.w_q)[:, :, None, :]  # [M, V+1, 1, d_head]: per query token
@@ -491,7 +487,7 @@ class ContentRetrievalHead(SingleHead):
         """
         m, n_tokens, seq_len = self.n_models, self.config.vocab_size + 1, positions.shape[0]
         toks = tokens.expand(m, *tokens.shape[-2:]) if tokens.dim() == 2 else tokens  # [M, B, L]
-        table = self._logit_table(positions)  # [M, V+1, L, V+1]
+        table = self.logit_table(seq_len, positions)  # [M, V+1, L, V+1]
         where = (toks[..., -1:] * seq_len + torch.arange(seq_len, device=toks.device)) * n_tokens + toks
         s = table.reshape(m, -1).gather(1, where.reshape(m, -1)).reshape(toks.shape)  # [M, B, L]
         bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
@@ -505,10 +501,9 @@ class ContentRetrievalHead(SingleHead):
         """
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
         positions = _positions(tokens.shape[-1], position_shift, positions)  # [L] integers on the CPU
-        self.check_positions(positions)
         if logit_scale != 1.0:
             logit_scale = check_positive_float("logit_scale", logit_scale)
-        s = self._content_scores(tokens, positions)
+        s = self._content_scores(tokens, positions)  # the positions are checked by logit_table
         attn = _softmax_rows(s if logit_scale == 1.0 else logit_scale * s)  # [M, B, L]
         if not getattr(self, "_diverged_allowed", False) and not bool(torch.isfinite(attn).all()):
             raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")

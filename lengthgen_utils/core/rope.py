@@ -6,7 +6,7 @@ Everything a model or an analysis needs to compute with rotary position embeddin
   low precision to show what implementations that cache angles in the model's dtype compute, chapter 2);
 * :func:`rotate_pairs` and :func:`apply_rope`, the textbook rotation (the function chapter 0 writes by hand; the
   readable :class:`~lengthgen_utils.core.models.Transformer` applies it through ``RoPE.rotate``, from the
-  memoised tables :func:`rope_cos_sin`); the one-complex-multiply form (:func:`rotate_adjacent_pairs`) that
+  tables memoised per length); the one-complex-multiply form (:func:`rotate_adjacent_pairs`) that
   :class:`~lengthgen_utils.core.fast.FastTransformer` uses on reordered channels;
 * the features of the offset kernel ``s(D) = Phi(D) . c`` (:func:`rope_kernel_features`) and the coefficients
   ``c`` of a query/key pair (:func:`rope_kernel_coefficients`): RoPE's dot product as a function of the relative
@@ -169,55 +169,18 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, interleaved:
     return rotate_pairs(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
-def rope_cos_sin(seq_len: int, d_head: int, base: float = 10000.0, position_shift: int = 0,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-    """cos and sin of the RoPE angles at positions ``shift .. shift + seq_len - 1``, memoised.
-
-    The same numbers :func:`apply_rope` computes for ``positions = arange(seq_len) + position_shift``
-    (angles in float64, then cos/sin cast to ``dtype``), computed once per
-    ``(seq_len, d_head, base, position_shift, dtype, device)`` instead of once
-    per training step. The tables are computed once and kept; each call returns
-    its own copy of them, so a caller that edits the result in place changes
-    nothing else (the models' rotations read the memo itself, which nothing
-    outside the package ever holds).
-
-    Args:
-        seq_len: L >= 1.
-        d_head: even head dimension.
-        base: RoPE base.
-        position_shift: the first position (any integer).
-        dtype: floating dtype of the returned tables.
-        device: where the tables live (checked by :func:`~lengthgen_utils._validate.check_device`).
-
-    Returns:
-        ``cos, sin``, each ``[seq_len, d_head // 2]`` of ``dtype`` on ``device`` (the caller's own copy).
-
-    Raises:
-        ValueError / TypeError: ``seq_len < 1``, odd ``d_head``, ``base <= 1``, a non-floating ``dtype``,
-            a device this machine cannot compute on.
-    """
-    seq_len = check_int("seq_len", seq_len, minimum=1)
-    position_shift = check_int("position_shift", position_shift)
-    d_head = check_int("d_head", d_head, minimum=2)
-    base = check_rope_base("base", base)  # validated before the cache sees it (an unhashable value would fail there)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype; got {dtype!r}")
-    cos, sin = _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, check_device(device))
-    return cos.clone(), sin.clone()
-
-
 @lru_cache(maxsize=256)
 def _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, device) -> tuple[Tensor, Tensor]:
-    """The memoised body of :func:`rope_cos_sin` (validated arguments); the tensors are the memo itself:
-    only the package's rotations read them, and never in place."""
+    """cos and sin ``[seq_len, d_head // 2]`` of the RoPE angles at positions ``shift .. shift + seq_len - 1``
+    (angles in float64, as :func:`apply_rope` forms them, then cast to ``dtype``), memoised per
+    ``(seq_len, d_head, base, position_shift, dtype, device)``: no per-step trigonometry. The tensors are the
+    memo itself, so only the package's rotations read them (never in place) and no public function hands
+    them out; arguments are the callers' validated ones."""
     with torch.inference_mode(False):  # cached tables must stay usable by autograd whoever built them first
         positions = torch.arange(seq_len, device=device) + position_shift
         angles = rope_angles(positions, d_head, base)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-
-rope_cos_sin.cache_clear = _rope_cos_sin.cache_clear
-rope_cos_sin.cache_info = _rope_cos_sin.cache_info
 
 COMPLEX_DTYPES = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 """Real dtypes whose interleaved rotation runs as one complex multiply (half precision has no complex kernel)."""
@@ -225,7 +188,7 @@ COMPLEX_DTYPES = {torch.float32: torch.complex64, torch.float64: torch.complex12
 
 @lru_cache(maxsize=256)
 def _rope_phases(seq_len, d_head, base, position_shift, dtype, device) -> Tensor:
-    """``cos + i sin`` of :func:`rope_cos_sin`'s tables (real ``dtype``), as one complex table ``[L, d_head // 2]``."""
+    """``cos + i sin`` of :func:`_rope_cos_sin`'s tables (real ``dtype``), as one complex table ``[L, d_head // 2]``."""
     with torch.inference_mode(False):
         cos, sin = _rope_cos_sin(seq_len, d_head, base, position_shift, dtype, device)
         return torch.complex(cos, sin)
@@ -379,7 +342,7 @@ ANGLE_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": t
 
 
 def _is_range(positions: Tensor) -> bool:
-    """True when ``positions`` is ``p, p+1, ..., p+L-1`` (the usual case, which ``rope_cos_sin`` memoises)."""
+    """True when ``positions`` is ``p, p+1, ..., p+L-1`` (the usual case, whose tables are memoised)."""
     if positions.dim() != 1 or positions.numel() == 0:
         return False
     first = int(positions[0])

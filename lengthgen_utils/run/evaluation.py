@@ -15,12 +15,6 @@ from ..core.seeding import generator
 from .training import ensemble_squared_error, model_threads
 
 
-def _threads(model, num_threads):
-    """The intra-op thread setting for evaluating ``model``: on the CPU, the count its training uses
-    (:data:`~lengthgen_utils.run.training.CPU_THREADS`) unless ``num_threads`` says otherwise."""
-    return model_threads(model, num_threads)
-
-
 def _scales(logit_scale, n_lengths: int) -> list[float]:
     if logit_scale is None:
         return [1.0] * n_lengths
@@ -35,7 +29,7 @@ def _scales(logit_scale, n_lengths: int) -> list[float]:
 
 @torch.no_grad()
 def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 12345,
-                       batch_size: int = 1024, num_threads: int | None = None, logit_scale=None) -> Tensor:
+                       batch_size: int = 1024, logit_scale=None) -> Tensor:
     """Per-model accuracy of the query readout at each evaluation length.
 
     Every length gets ``n_samples`` fresh sequences from a generator seeded by
@@ -50,8 +44,6 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
         n_samples: sequences per length, >= 1.
         seed: evaluation seed.
         batch_size: sequences per forward pass (memory only; results do not depend on it).
-        num_threads: intra-op CPU threads when the model is on the CPU; default
-            :func:`~lengthgen_utils.run.training.model_threads` of the model.
         logit_scale: None, or one positive factor per length multiplying every attention logit
             (a test-time, length-aware temperature; softmax heads; chapter 5).
 
@@ -71,7 +63,7 @@ def accuracy_by_length(model, task, lengths, n_samples: int = 1024, seed: int = 
         for t in tasks:
             t.check_seq_len(seq_len)
         model.check_positions(torch.arange(seq_len))
-    with _threads(model, num_threads), diverged_models_allowed(model):  # a diverged model scores as class 0
+    with model_threads(model), diverged_models_allowed(model):  # a diverged model scores as class 0
         gen = generator(seed)
         out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
         for col, (seq_len, scale) in enumerate(zip(lengths, scales)):
@@ -111,7 +103,7 @@ def target_attention_mass(model, offset, lengths) -> Tensor:
         if seq_len < int(offsets.max()) + 2:
             raise ValueError(f"lengths[{col}]={seq_len} is too short for offset {int(offsets.max())} "
                              f"(needs >= {int(offsets.max()) + 2})")
-    with _threads(model, None):
+    with model_threads(model):
         for col, seq_len in enumerate(lengths):
             attn = model.attention_row(seq_len).double().cpu()
             out[:, col] = attn[rows, seq_len - 1 - offsets]
@@ -134,7 +126,7 @@ def squared_error_by_length(model, task, lengths, n_samples: int = 1024, seed: i
     tasks = as_task_list(task, model.n_models)
     gen = generator(seed)
     out = torch.zeros(model.n_models, len(lengths), dtype=torch.float64)
-    with _threads(model, None):
+    with model_threads(model):
         for col, seq_len in enumerate(lengths):
             tokens, _ = tasks[0].sample(n_samples, seq_len, gen, device=model.device)  # checks seq_len
             outputs, _ = model(tokens)
@@ -167,7 +159,7 @@ def token_accuracy_by_position(model, task, seq_len: int, n_samples: int = 256, 
     gen = generator(check_int("seed", seed, minimum=0))
     correct = torch.zeros(model.n_models, seq_len, dtype=torch.float64)
     counts = torch.zeros(seq_len, dtype=torch.float64)
-    with _threads(model, None):
+    with model_threads(model):
         for start in range(0, n_samples, batch_size):
             tokens, targets = task.sample(min(batch_size, n_samples - start), seq_len, gen, model.device)  # checked
             scored = targets != IGNORE_INDEX
@@ -244,7 +236,7 @@ def lag_agreement(model, task, seq_len: int, lag: int, min_position: int = 0, n_
     model.check_positions(torch.arange(seq_len))  # before sampling: a length the encoding cannot cover is refused first
     tokens, _ = task.sample(check_int("n_samples", n_samples, minimum=1), seq_len,
                             generator(check_int("seed", seed, minimum=0)), device=model.device)
-    with _threads(model, None):
+    with model_threads(model):
         predicted = model(tokens).argmax(-1)[:, :, positions]  # [M, B, P]
     return (predicted == tokens[None, :, positions - lag]).double().mean((1, 2)).cpu()
 
@@ -302,7 +294,7 @@ def attention_vote(model, task, lengths, n_samples: int = 512, seed: int = 4321,
     mass = torch.zeros(m, len(lengths), dtype=torch.float64)
     vote = torch.zeros(m, len(lengths), dtype=torch.float64)
     gen = generator(seed)
-    with _threads(model, None):
+    with model_threads(model):
         for col, seq_len in enumerate(lengths):
             for start in range(0, n_samples, batch_size):
                 tokens, _ = tasks[0].sample(min(batch_size, n_samples - start), seq_len, gen, model.device)

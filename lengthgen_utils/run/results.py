@@ -208,7 +208,7 @@ class Runs:
         index = torch.tensor(indices, dtype=torch.long)
         return Runs(self.config, [self.members[i] for i in indices], list(self.lengths), self.accuracy[index],
                     ensembles, None if self.loss_history is None else self.loss_history[:, index],
-                    {name: _rows(value, index) for name, value in self.measures.items()}, dict(self.extra),
+                    {name: _take_rows(value, index) for name, value in self.measures.items()}, dict(self.extra),
                     dict(self.cache))
 
     def by(self, name: str) -> dict:
@@ -258,11 +258,11 @@ class Runs:
         return e
 
 
-def _rows(value, index: Tensor):
+def _take_rows(value, index: Tensor):
     if isinstance(value, Tensor):
         return value[index]
     if isinstance(value, dict):
-        return {k: _rows(v, index) for k, v in value.items()}
+        return {k: _take_rows(v, index) for k, v in value.items()}
     if isinstance(value, list):
         return [value[i] for i in index.tolist()]
     raise TypeError(f"a per-member measure must be a tensor [M, ...], a list of M values or a dict of them; "

@@ -57,7 +57,7 @@ def unchanged_on_failure(model):
 
 THREADS_ENV = "LENGTHGEN_THREADS"
 MAX_THREADS = 1024
-"""The most intra-op threads a count may ask for (``$LENGTHGEN_THREADS``, ``num_threads``): more than any
+"""The most intra-op threads a count may ask for (``$LENGTHGEN_THREADS``, :func:`cpu_threads`): more than any
 machine the book runs on has cores; torch keeps the count in 32 bits, so 2^31 would pass an unbounded check
 and overflow inside ``torch.set_num_threads``."""
 
@@ -115,12 +115,13 @@ def default_cpu_threads(path="single-head") -> int:
     return min(CPU_THREADS[path], os.cpu_count() or 1) if n is None else n
 
 
-def model_threads(model, num_threads: int | None = None):
-    """A :func:`cpu_threads` block for computing with ``model``: on the CPU, ``num_threads`` or its path's
-    count (:func:`default_cpu_threads`); on another device, the setting is left alone."""
-    if model.device.type != "cpu":
-        return cpu_threads(None)
-    return cpu_threads(default_cpu_threads(model) if num_threads is None else num_threads)
+def model_threads(model, device=None):
+    """A :func:`cpu_threads` block for computing with ``model`` on ``device`` (default: where the model is):
+    on the CPU, its path's count (:func:`default_cpu_threads`, which ``$LENGTHGEN_THREADS`` overrides); on
+    another device, the setting is left alone. The trainers and evaluators call it: the policy is not an
+    argument of theirs."""
+    device = model.device if device is None else device
+    return cpu_threads(default_cpu_threads(model) if device.type == "cpu" else None)
 
 
 @contextmanager
@@ -177,7 +178,7 @@ def ensemble_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 2000, batch_size: int = 256,
           train_len: int = 16, fixed_length: bool = False, seed: int = 0, device=None,
           progress: bool | None = None, min_train_len: int | None = None,
-          num_threads: int | None = None, callback=None, train_set: int | None = None) -> Tensor:
+          callback=None, train_set: int | None = None) -> Tensor:
     """Train an ensemble on the fixed-offset retrieval task (by default with Adam, lr 1e-2: the book's recipe).
 
     Each step draws one batch at a single length: ``train_len`` when
@@ -208,8 +209,6 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
             the shortest length every task allows, ``max(offset) + 2``. An ensemble whose
             models have different offsets shares one length stream: give the same
             ``min_train_len`` to a model trained alone and it sees exactly that stream.
-        num_threads: intra-op CPU threads while training on the CPU; default
-            :func:`default_cpu_threads` of the model (1 for the single head, see :data:`CPU_THREADS`).
         callback: ``None``, or a callable ``callback(step, loss)`` run after every step with the
             1-based step number and the models' losses ``[M]`` (detached), e.g. to drive a progress widget.
         train_set: ``None`` (a fresh batch every step), or ``n`` >= 1: draw one fixed training set of ``n``
@@ -247,9 +246,8 @@ def train(model, task, optimizer: OptimizerSettings | None = None, steps: int = 
     if min_train_len is not None:
         min_len = check_int("min_train_len", min_train_len, minimum=min_len, maximum=train_len)
     device = check_device(device)
-    threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
     # a model whose weights diverge stays NaN and leaves the others alone (they share no arithmetic)
-    with cpu_threads(threads), unchanged_on_failure(model), diverged_models_allowed(model):
+    with model_threads(model, device), unchanged_on_failure(model), diverged_models_allowed(model):
         return _train_loop(model, tasks, optimizer, steps, batch_size, train_len, fixed_length,
                            seed, device, progress, min_len, callback, train_set)
 
@@ -390,7 +388,7 @@ def train_squared_loss(model, task, optimizer: OptimizerSettings | None = None, 
                          "scores other positions")
     min_len = max(t.min_seq_len for t in tasks)
     device = check_device(device)
-    with cpu_threads(default_cpu_threads(model) if device.type == "cpu" else None), unchanged_on_failure(model):
+    with model_threads(model, device), unchanged_on_failure(model):
         return _train_squared_loss_loop(model, tasks, seeds, per_model, optimizer, steps, batch_size, train_len,
                                         min_len, device)
 
@@ -446,8 +444,7 @@ def sequence_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def train_sequence(model, task, optimizer: OptimizerSettings | None = None, steps: int = 1500,
                    batch_size: int = 64, train_len: int = 32, seed: int = 0, device=None,
-                   progress: bool | None = None, num_threads: int | None = None,
-                   min_train_len: int | None = None) -> Tensor:
+                   progress: bool | None = None, min_train_len: int | None = None) -> Tensor:
     """Train a transformer ensemble on a full-sequence task (by default with AdamW, lr 1e-3, weight decay 0.05).
 
     The book trains :class:`~lengthgen_utils.core.fast.FastTransformer` (what
@@ -471,8 +468,6 @@ def train_sequence(model, task, optimizer: OptimizerSettings | None = None, step
         seed: seeds the data stream.
         device: defaults to :func:`default_device`.
         progress: progress bar; ``None`` shows one for runs of 1000+ steps.
-        num_threads: intra-op CPU threads while training on the CPU; default
-            :func:`default_cpu_threads` of the model (2 for the transformer, see :data:`CPU_THREADS`).
         min_train_len: ``None`` (every batch at ``train_len``, the stream of chapter 7) or the shortest
             training length: each step then draws its length from the task's valid lengths in
             ``[min_train_len, train_len]`` (for :class:`~lengthgen_utils.core.tasks.Copy`, the odd ones:
@@ -499,8 +494,7 @@ def train_sequence(model, task, optimizer: OptimizerSettings | None = None, step
         check_int("min_train_len", min_train_len, minimum=task.min_seq_len, maximum=train_len)
     lengths = [train_len] if min_train_len is None else task.valid_lengths(min_train_len, train_len)
     device = check_device(device)
-    threads = (default_cpu_threads(model) if num_threads is None else num_threads) if device.type == "cpu" else None
-    with cpu_threads(threads), unchanged_on_failure(model):
+    with model_threads(model, device), unchanged_on_failure(model):
         return _train_sequence_loop(model, task, optimizer, steps, batch_size, lengths, seed, device, progress)
 
 

@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from unittest.mock import patch
 
 import torch
@@ -69,9 +70,20 @@ from ..run.configs import RetrievalExperiment, RetrievalSweep
 from ..run.optim import OptimizerSettings, build_optimizer, decays
 from ..run.profiles import get_profile
 from ..run.runners import run_sweep
-from ..run.training import cpu_threads, train, train_sequence
+from ..run.training import THREADS_ENV, cpu_threads, train, train_sequence
 
 TASK = FixedOffsetRetrieval(16, 3)
+
+
+@contextmanager
+def threads_for_every_path(threads: int | None):
+    """The block with ``$LENGTHGEN_THREADS`` set to ``threads`` (``None``: as it is), the count every trainer
+    then runs at: the thread policy is the runners', not an argument of ``train``."""
+    if threads is None:
+        yield
+        return
+    with patch.dict(os.environ, {THREADS_ENV: str(threads)}):
+        yield
 
 
 def _sync(device: torch.device) -> None:
@@ -84,7 +96,8 @@ def batched_rate(n_models: int, steps: int, device: torch.device, threads: int |
     model = RetrievalHead(n_models=n_models, seeds=range(n_models))
     _sync(device)
     start = time.perf_counter()
-    train(model, TASK, steps=steps, device=device, num_threads=threads, progress=False)
+    with threads_for_every_path(threads):
+        train(model, TASK, steps=steps, device=device, progress=False)
     _sync(device)
     return n_models * steps / (time.perf_counter() - start)
 
@@ -94,8 +107,9 @@ def sequential_rate(n_models: int, steps: int, device: torch.device, threads: in
     models = [RetrievalHead(n_models=1, seeds=[seed]) for seed in range(n_models)]  # built outside the timing
     _sync(device)
     start = time.perf_counter()
-    for model in models:
-        train(model, TASK, steps=steps, device=device, num_threads=threads, progress=False)
+    with threads_for_every_path(threads):
+        for model in models:
+            train(model, TASK, steps=steps, device=device, progress=False)
     _sync(device)
     return n_models * steps / (time.perf_counter() - start)
 
@@ -178,7 +192,8 @@ def mixed_rate(n_models: int, steps: int, device: torch.device, threads: int | N
                 for i in range(n_models)]
     _sync(device)
     start = time.perf_counter()
-    train(model, TASK, settings, steps=steps, device=device, num_threads=threads, progress=False)
+    with threads_for_every_path(threads):
+        train(model, TASK, settings, steps=steps, device=device, progress=False)
     _sync(device)
     return n_models * steps / (time.perf_counter() - start)
 
@@ -354,10 +369,10 @@ def readable_copy(model: Transformer, index: int) -> Transformer:
 def readable_loop(models, steps: int, threads: int) -> torch.Tensor:
     """Train each readable one-model ``Transformer`` alone with the package's ``train_sequence`` (the batches of
     :func:`tf_batches`); returns each one's last loss."""
-    return torch.stack([train_sequence(model, TF_TASK, TF_OPT, steps=steps, batch_size=TF["batch_size"],
-                                       train_len=TF["seq_len"], seed=0,
-                                       device="cpu", progress=False, num_threads=threads)[-1, 0]
-                        for model in models])
+    with threads_for_every_path(threads):
+        return torch.stack([train_sequence(model, TF_TASK, TF_OPT, steps=steps, batch_size=TF["batch_size"],
+                                           train_len=TF["seq_len"], seed=0, device="cpu", progress=False)[-1, 0]
+                            for model in models])
 
 
 def tf_batches(steps: int, seed: int = 0) -> list:
@@ -411,9 +426,9 @@ def package_ensemble(n_models: int, steps: int, threads: int) -> tuple[float, to
     model = FastTransformer(TF["vocab_size"], TF["n_layers"], TF["n_heads"], TF["d_model"], "rope",
                             max_len=TF["seq_len"], n_models=n_models)
     start = time.perf_counter()
-    history = train_sequence(model, TF_TASK, TF_OPT, steps=steps, batch_size=TF["batch_size"],
-                             train_len=TF["seq_len"], seed=0, device="cpu",
-                             progress=False, num_threads=threads)
+    with threads_for_every_path(threads):
+        history = train_sequence(model, TF_TASK, TF_OPT, steps=steps, batch_size=TF["batch_size"],
+                                 train_len=TF["seq_len"], seed=0, device="cpu", progress=False)
     return time.perf_counter() - start, history[-1]
 
 
