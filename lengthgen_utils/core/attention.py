@@ -114,26 +114,17 @@ SUM_TOLERANCE = 1e-6
 """:func:`row_weights` refuses ``linear_sum`` when ``|sum_i s_i|`` is below this fraction of ``sum_i |s_i|``."""
 
 
-def _linear_sum(scores: Tensor, refuse_vanishing: bool = True) -> Tensor:
+def _linear_sum(scores: Tensor) -> Tensor:
     s = scores.to(_compute_dtype(scores.dtype))
-    total = s.sum(-1, keepdim=True)
-    if refuse_vanishing and not bool((total.abs() > SUM_TOLERANCE * s.abs().sum(-1, keepdim=True)).all()):
-        raise ValueError("attention 'linear_sum' divides by the sum of the logits, which vanishes for some row "
-                         f"(|sum s| <= {SUM_TOLERANCE:g} * sum |s|): its weights would be inf or NaN. Use 'linear_mean' "
-                         "(divide by the length) or a positive score map ('exp', 'softmax')")
-    return (s / total).to(scores.dtype)
+    return (s / s.sum(-1, keepdim=True)).to(scores.dtype)
 
 
 EXP_MAX_LOGIT = 80.0
 """:func:`row_weights` refuses ``exp`` above this logit: ``exp(88.7)`` already overflows float32."""
 
 
-def _exp(scores: Tensor, refuse_overflow: bool = True) -> Tensor:
-    s = scores.to(_compute_dtype(scores.dtype))
-    if refuse_overflow and not bool((s <= EXP_MAX_LOGIT).all()):
-        raise ValueError(f"attention 'exp' (un-normalised exp(s_j)) got a logit {float(s.max().detach()):.1f} > "
-                         f"{EXP_MAX_LOGIT:g}: its weight would overflow to inf in float32")
-    return s.exp().to(scores.dtype)
+def _exp(scores: Tensor) -> Tensor:
+    return scores.to(_compute_dtype(scores.dtype)).exp().to(scores.dtype)
 
 
 ROW_WEIGHTS = {
@@ -146,15 +137,25 @@ ROW_WEIGHTS = {
 """How the single retrieval head turns its logits ``[..., L]`` over the keys a query sees into attention weights.
 
 Chapter 6's ablation separates softmax's two parts, the exponential and the division by a sum that
-grows with the length. Normalisers that can vanish or overflow raise ``ValueError`` instead of
-returning inf or NaN."""
+grows with the length. The functions are the math alone; the two that can vanish or overflow are refused
+at the edge (:func:`row_weights`, a model's forward pass) by :func:`_refuse_unstable`, not inside."""
 
 
-UNREFUSED = {"linear_sum": lambda s: _linear_sum(s, refuse_vanishing=False),
-             "exp": lambda s: _exp(s, refuse_overflow=False)}
-"""The normalisers of :data:`ROW_WEIGHTS` that can refuse, without the refusal: a vanishing sum or an
-overflowing logit gives huge or inf weights. Only where a model may diverge as a data point (training and
-evaluating an ensemble: :func:`~lengthgen_utils.core.models.diverged_models_allowed`)."""
+def _refuse_unstable(scores: Tensor, attention: str) -> None:
+    """Raise ``ValueError`` where ``attention``'s weights of ``scores [..., L]`` would be inf or NaN: a row of
+    ``linear_sum`` whose sum vanishes (:data:`SUM_TOLERANCE`), a logit of ``exp`` above :data:`EXP_MAX_LOGIT`.
+    Not called where a model may diverge as a data point (training and evaluating an ensemble:
+    :func:`~lengthgen_utils.core.models.diverged_models_allowed`)."""
+    s = scores.to(_compute_dtype(scores.dtype))
+    if attention == "linear_sum":
+        total = s.sum(-1, keepdim=True)
+        if not bool((total.abs() > SUM_TOLERANCE * s.abs().sum(-1, keepdim=True)).all()):
+            raise ValueError("attention 'linear_sum' divides by the sum of the logits, which vanishes for some row "
+                             f"(|sum s| <= {SUM_TOLERANCE:g} * sum |s|): its weights would be inf or NaN. Use "
+                             "'linear_mean' (divide by the length) or a positive score map ('exp', 'softmax')")
+    elif attention == "exp" and not bool((s <= EXP_MAX_LOGIT).all()):
+        raise ValueError(f"attention 'exp' (un-normalised exp(s_j)) got a logit {float(s.max().detach()):.1f} > "
+                         f"{EXP_MAX_LOGIT:g}: its weight would overflow to inf in float32")
 
 
 def check_attention(attention: str) -> str:
@@ -171,7 +172,9 @@ def row_weights(scores: Tensor, attention: str = "softmax") -> Tensor:
         ValueError: an unknown normaliser; ``"linear_sum"`` where the sum of a row's logits vanishes;
             ``"exp"`` where a logit would overflow (:data:`EXP_MAX_LOGIT`).
     """
-    return ROW_WEIGHTS[check_attention(attention)](scores)
+    attention = check_attention(attention)
+    _refuse_unstable(scores, attention)
+    return ROW_WEIGHTS[attention](scores)
 
 
 # ---------------------------------------------------------------- the single head's positive-feature linear attention

@@ -28,7 +28,7 @@ from .._validate import (Normalized, check_int, check_int_sequence, check_positi
                          per_model_rows)
 from .seeding import generator
 from .attention import ROW_WEIGHTS, _check_bias, attention_scores, causal_mask, check_attention, check_attention_fits
-from .attention import ELU_LINEAR, UNREFUSED, elu_linear_weights, _softmax_rows
+from .attention import ELU_LINEAR, _refuse_unstable, _softmax_rows, elu_linear_weights
 from .encodings import Encoding, RoPE, get_encoding
 from .rope import _kernel_features, check_relative_positions, kernel_frequencies
 
@@ -158,7 +158,7 @@ def diverged_models_allowed(model):
     :func:`~lengthgen_utils.run.evaluation.accuracy_by_length` run inside it, and score a diverged model's NaN
     logits as class 0 (about chance). A call outside it refuses any non-finite attention (``ValueError``).
     Inside it, a ``linear_sum`` head whose logits sum to about zero, or an ``exp`` head with a logit that
-    overflows, is not refused either (:data:`~lengthgen_utils.core.attention.UNREFUSED`): its weights are huge
+    overflows, is not refused either (:func:`~lengthgen_utils.core.attention._refuse_unstable` is not called): its weights are huge
     or inf and the model diverges, one data point of a rate (chapter 6).
     """
     previous = getattr(model, "_diverged_allowed", False)
@@ -349,9 +349,10 @@ class RetrievalHead(SingleHead):
         s = self.scores(seq_len, position_shift, positions)  # [M, L]
         if logit_scale != 1.0:
             s = logit_scale * s
-        if getattr(self, "_diverged_allowed", False) and self.config.attention in UNREFUSED:
-            # a model whose logits sum to about zero (linear_sum) or overflow (exp) diverges, as a data point
-            return UNREFUSED[self.config.attention](s)
+        if not getattr(self, "_diverged_allowed", False):
+            # inside diverged_models_allowed, a model whose logits sum to about zero (linear_sum) or overflow
+            # (exp) diverges, as a data point
+            _refuse_unstable(s, self.config.attention)
         return ROW_WEIGHTS[self.config.attention](s)
 
     def _elu_linear_row(self, positions: Tensor, logit_scale: float) -> Tensor:
