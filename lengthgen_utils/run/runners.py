@@ -264,7 +264,7 @@ def train_snapshots(configs, device=None) -> list[dict]:
     on the one data stream they share. Every member is updated exactly as in its sweep's own training and
     each sweep's snapshots are evaluated on its own heads, so each payload is bit for bit the one its sweep
     trained alone gives (``tests/test_regime_map.py``), in less time: much of a head's step is per-operation
-    overhead, shared by every model of an ensemble (120 heads trained at 1.5-1.9x the model-steps/s of 20 on
+    overhead, shared by every model of an ensemble (120 heads trained at 1.5-2.0x the model-steps/s of 20 on
     the book's 2-core machine: ``python -m lengthgen_utils.tools.bench``, section 1b; ``running.md``).
 
     Args:
