@@ -741,10 +741,10 @@ class LinearRNN(Ensemble):
 
     def _powers(self, seq_len: int) -> Tensor:
         """``C A^d B`` for ``d = 0 .. seq_len-1``: ``[M, L, V, V+1]``, inf or NaN where it overflows."""
-        power_b, out = self.B, []
+        a, power_b, out = self.A, self.B, []  # A once: the rotation transition builds it from theta per access
         for _ in range(seq_len):
             out.append(self.C @ power_b)  # C A^d B
-            power_b = self.A @ power_b
+            power_b = a @ power_b
         return torch.stack(out, 1)
 
     def finite_within(self, seq_len: int) -> Tensor:
