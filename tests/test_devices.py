@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from lengthgen_utils.core import attention, rope
+from lengthgen_utils.core import attention
 from lengthgen_utils.core.models import KernelHead, RetrievalHead, Transformer
 from lengthgen_utils.core.tasks import DelayedCopy, FixedOffsetRetrieval
 from lengthgen_utils.run import cache, configs, runners, training

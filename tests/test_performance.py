@@ -132,7 +132,7 @@ def test_memoised_rope_tables_equal_apply_rope_bit_for_bit():
     assert torch.equal(rotate_pairs(x, cos, sin), apply_rope(x, torch.arange(40) + 1000))
     hits = _rope_cos_sin.cache_info().hits
     again = _rope_cos_sin(40, 16, 10000.0, 1000, torch.float32, torch.device("cpu"))[0]
-    assert _rope_cos_sin.cache_info().hits == hits + 1  # memoised
+    assert _rope_cos_sin.cache_info().hits == hits + 1 and again is cos  # memoised: the memo itself
     # the models' rotation reads the memo: equal to apply_rope at the same positions
     head = RetrievalHead(4, 8, 16, "rope", max_len=2048)
     q, _ = head.queries_keys(torch.arange(40) + 1000)

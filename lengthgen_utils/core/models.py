@@ -320,10 +320,10 @@ class RetrievalHead(SingleHead):
         x = self.u[:, None, :]  # [M, 1, d_model]
         added = encoding.embed(self.pe_params, positions)
         x = x + added if added is not None else x  # [M, P, d_model], or [M, 1, d_model]: the same at every position
-        shape = (-1, positions.shape[0], -1)
-        q = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_q).expand(shape), positions)  # [M, P, d_head]
-        k = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_k).expand(shape), positions)
-        return q, k
+        shape = (-1, positions.shape[0], -1)  # each its own memory: a caller may edit the result in place
+        q = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_q).expand(shape).contiguous(), positions)
+        k = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_k).expand(shape).contiguous(), positions)
+        return q, k  # [M, P, d_head] each
 
     def scores(self, seq_len: int, position_shift: int = 0, positions: Tensor | None = None) -> Tensor:
         """Attention logits ``s_j`` of the query (position ``L-1``) over keys ``j = 0 .. L-1``: ``[M, L]``.
@@ -773,9 +773,10 @@ class LinearRNN(Ensemble):
     def states(self, tokens: Tensor) -> Tensor:
         """The recurrence itself, step by step: ``h_{L-1}`` ``[M, B, n]`` for ``tokens [B, L]`` (a reference for tests)."""
         _check_tokens(tokens, self.config.vocab_size + 1, self.n_models, batched_models=False)
-        h = torch.zeros(self.n_models, tokens.shape[0], self.config.d_state, device=self.device, dtype=self.A.dtype)
+        a = self.A
+        h = torch.zeros(self.n_models, tokens.shape[0], self.config.d_state, device=self.device, dtype=a.dtype)
         for t in range(tokens.shape[1]):
-            h = torch.einsum("mij,mbj->mbi", self.A, h) + self.B[:, :, tokens[:, t]].transpose(1, 2)
+            h = torch.einsum("mij,mbj->mbi", a, h) + self.B[:, :, tokens[:, t]].transpose(1, 2)
         return h
 
     def forward(self, tokens: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:

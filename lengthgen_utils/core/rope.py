@@ -27,7 +27,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from .._validate import check_device, check_int, check_rope_base
+from .._validate import check_int, check_rope_base
 
 
 def rope_inverse_frequencies(d_head: int, base: float = 10000.0) -> Tensor:
