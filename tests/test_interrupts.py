@@ -45,6 +45,9 @@ INTERRUPTED_MAP = textwrap.dedent("""
     from lengthgen_utils.run.parallel import parallel_map
     from lengthgen_utils.run.training import train
 
+    # Ctrl-C raises KeyboardInterrupt here even when this process was started from a background job, whose
+    # shell hands it SIGINT ignored (Python then installs no handler, and the test would wait forever)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started, sent = threading.Event(), []
 
     def ensemble(seed):  # far longer than the test waits: only a stop ends it
