@@ -463,10 +463,13 @@ def query_targets(tasks: list, tokens: Tensor) -> Tensor:
     if not tasks[0].query_only:
         raise ValueError(f"the single-head readout needs a query-only task (one target, at the last position); "
                          f"got {tasks[0]!r}")
+    def at_query(task):  # [B]
+        return task._targets_at(tokens)[..., -1]
+
     if all(t == tasks[0] for t in tasks):
-        return tasks[0]._targets_at(tokens)[..., -1].expand(len(tasks), tokens.shape[0])
+        return at_query(tasks[0]).expand(len(tasks), tokens.shape[0])
     try:
-        per_task = {t: t._targets_at(tokens)[..., -1] for t in dict.fromkeys(tasks)}
+        per_task = {t: at_query(t) for t in dict.fromkeys(tasks)}
     except TypeError:  # an unhashable task: compute per model
-        return torch.stack([t._targets_at(tokens)[..., -1] for t in tasks])
+        return torch.stack([at_query(t) for t in tasks])
     return torch.stack([per_task[t] for t in tasks])

@@ -54,7 +54,6 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
 from unittest.mock import patch
 
 import torch
@@ -75,15 +74,10 @@ from ..run.training import THREADS_ENV, cpu_threads, train, train_sequence
 TASK = FixedOffsetRetrieval(16, 3)
 
 
-@contextmanager
 def threads_for_every_path(threads: int | None):
-    """The block with ``$LENGTHGEN_THREADS`` set to ``threads`` (``None``: as it is), the count every trainer
+    """A block with ``$LENGTHGEN_THREADS`` set to ``threads`` (``None``: as it is), the count every trainer
     then runs at: the thread policy is the runners', not an argument of ``train``."""
-    if threads is None:
-        yield
-        return
-    with patch.dict(os.environ, {THREADS_ENV: str(threads)}):
-        yield
+    return patch.dict(os.environ, {} if threads is None else {THREADS_ENV: str(threads)})
 
 
 def _sync(device: torch.device) -> None:
