@@ -1,7 +1,8 @@
 """Every number a page quotes from its run comes in through myst-nb's ``glue``: a ``{glue:...}`name```
-role in a markdown cell must have a ``glue("name", ...)`` call in a code cell of the same notebook, or
-the built page shows a warning where the number should be (and the build goes on). Checked statically,
-without running anything: names are read from the cells' sources.
+role in a markdown cell must be glued by a code cell of the same notebook (a keyword of
+``glue_numbers(name=...)`` or a ``glue("name", ...)`` call), or the built page shows a warning where the
+number should be (and the build goes on). Checked statically, without running anything: names are read
+from the cells' sources.
 
 A glue call whose name is an f-string (``glue(f"ch3_var{k}_weight_min", ...)``) stands for every name
 its literal parts match, the ``{...}`` parts read as "anything without a space".
@@ -9,11 +10,16 @@ its literal parts match, the ``{...}`` parts read as "anything without a space".
 Names are unique across the book (a name glued by two chapters would be ambiguous for a cross-page
 ``{glue:}`` role), and each chapter's start with its own prefix, ``chN_`` for ``chapters/NN_...``.
 """
+import ast
 import json
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import torch
+
+from lengthgen_utils.book.render import glue_numbers
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted([*ROOT.glob("chapters/*.ipynb"), ROOT / "scoreboard.ipynb"])
@@ -37,10 +43,18 @@ def used_names(path):
     return {n.strip() for n in names}
 
 
+def keyword_names(code):
+    """The keyword names of every ``glue_numbers(...)`` call in one cell's source."""
+    return [kw.arg for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "glue_numbers"
+            for kw in node.keywords if kw.arg is not None]
+
+
 def glued_patterns(path):
     """The names the notebook's code cells glue, as regular expressions (f-strings match a family)."""
     patterns = []
     for code in cells(path, "code"):
+        patterns += [re.escape(name) for name in keyword_names(code)]
         for is_f, _, name in CALL.findall(code):
             if is_f:
                 parts = re.split(r"\{[^{}]*\}", name)
@@ -60,6 +74,19 @@ def test_the_glue_check_reads_the_forms_the_book_uses():
         "ch1_x", "ch1_y", "ch1_z"]
     assert CALL.findall('glue("ch1_a", 1, display=False)\nglue(f"ch1_b{k}_c", 2)') == [
         ("", '"', "ch1_a"), ("f", '"', "ch1_b{k}_c")]
+    assert keyword_names("glue_numbers(ch1_a=1, ch1_b=x)\nrender.glue_numbers(\n    ch1_c=2.0\n)") == [
+        "ch1_a", "ch1_b", "ch1_c"]
+
+
+def test_glue_numbers_glues_each_keyword_in_order_and_refuses_what_a_role_cannot_show():
+    with mock.patch("myst_nb.glue") as glue:
+        glue_numbers(ch1_a=1, ch1_b=0.5, ch1_c="text", ch1_d=True)
+    assert glue.call_args_list == [mock.call("ch1_a", 1, display=False), mock.call("ch1_b", 0.5, display=False),
+                                   mock.call("ch1_c", "text", display=False), mock.call("ch1_d", True, display=False)]
+    for bad in (torch.tensor(0.5), torch.tensor(0.5).numpy()[()], [1, 2]):
+        with mock.patch("myst_nb.glue") as glue, pytest.raises(TypeError, match="ch1_b must be a plain str"):
+            glue_numbers(ch1_a=1, ch1_b=bad)
+        glue.assert_not_called()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -12,6 +12,9 @@ Figures are shown through the ``"lengthgen"`` renderer (see :func:`setup`): its 
 own JSON for live Jupyter front ends *and* an HTML snippet without plotly.js, which the web book renders
 with the single copy of plotly.js that the build serves from its own ``_static`` folder (no CDN, works
 offline). Every figure is written as strict JSON (:func:`strict_json`).
+
+A number reaches the prose through myst-nb's ``glue``: :func:`glue_numbers` glues a cell's numbers in one
+call, and a ``{glue:text}`name:.2f``` role in the markdown shows each.
 """
 from __future__ import annotations
 
@@ -233,3 +236,30 @@ def setup() -> None:
     pio.templates.default = "lengthgen"
     pio.renderers["lengthgen"] = BookRenderer()
     pio.renderers.default = "lengthgen"
+
+
+def glue_numbers(**numbers) -> None:
+    """Glue a cell's numbers for the page's prose, in one call.
+
+    ``glue_numbers(ch1_fit=3, ch1_acc=0.97)`` does what ``glue("ch1_fit", 3, display=False)`` and
+    ``glue("ch1_acc", 0.97, display=False)`` do; a ``{glue:text}`ch1_acc:.2f``` role in the chapter's
+    markdown then shows the value, so the page agrees with its own run on any machine. The names are
+    keywords, so ``tests/test_glue_names.py`` reads them from the source without running anything (a name
+    built at run time goes through ``glue`` itself).
+
+    Args:
+        **numbers: ``{name: value}`` in order; a name starts with its chapter's prefix (``ch1_``); a value
+            is a plain Python ``str``, ``int``, ``float`` or ``bool`` (what a role formats).
+
+    Raises:
+        TypeError: a value of another type (a tensor or a numpy scalar, whose text would read
+            ``tensor(0.5)`` or ``np.float64(0.5)``); nothing is glued then.
+    """
+    for name, value in numbers.items():
+        if type(value) not in (str, int, float, bool):
+            raise TypeError(f"{name} must be a plain str, int, float or bool (e.g. float(x) or int(x)); got "
+                            f"{type(value).__name__}: {value!r}")
+    from myst_nb import glue  # here, not at the top: the package runs without the book's builder
+
+    for name, value in numbers.items():
+        glue(name, value, display=False)
