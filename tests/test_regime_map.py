@@ -58,6 +58,18 @@ def test_content_head_matches_a_per_sequence_reference():
                 assert torch.allclose(attn[m, b], expect, atol=1e-6)
 
 
+def test_content_head_reads_per_model_batches_as_it_reads_one_shared_batch():
+    """A batch shared by the models (``[B, L]``, one index for all) and one batch per model (``[M, B, L]``)
+    take two gathers; model ``m`` must see the same logits either way."""
+    model = ContentRetrievalHead(n_models=3, seeds=[0, 1, 2])
+    batches = [_tokens(b=4, seq_len=9, seed=s) for s in range(3)]
+    with torch.no_grad():
+        per_model = model(torch.stack(batches))  # ([M, B, V], [M, B, L])
+        for m, tokens in enumerate(batches):
+            shared = model(tokens)
+            assert torch.equal(per_model[0][m], shared[0][m]) and torch.equal(per_model[1][m], shared[1][m])
+
+
 def test_content_head_keys_see_the_token_and_rope_stays_relative():
     model = ContentRetrievalHead(n_models=2, seeds=[0, 1])
     tokens = _tokens(b=1, seq_len=12)

@@ -487,10 +487,13 @@ class ContentRetrievalHead(SingleHead):
             positions: ``[L]`` integer positions on the CPU.
         """
         m, n_tokens, seq_len = self.n_models, self.config.vocab_size + 1, positions.shape[0]
-        toks = tokens.expand(m, *tokens.shape[-2:]) if tokens.dim() == 2 else tokens  # [M, B, L]
-        table = self.logit_table(seq_len, positions)  # [M, V+1, L, V+1]
-        where = (toks[..., -1:] * seq_len + torch.arange(seq_len, device=toks.device)) * n_tokens + toks
-        s = table.reshape(m, -1).gather(1, where.reshape(m, -1)).reshape(toks.shape)  # [M, B, L]
+        table = self.logit_table(seq_len, positions).reshape(m, -1)  # [M, (V+1) * L * (V+1)]
+        # the flat index of (query token, key position, key token): [B, L] or [M, B, L]
+        where = (tokens[..., -1:] * seq_len + torch.arange(seq_len, device=tokens.device)) * n_tokens + tokens
+        if tokens.dim() == 2:  # one batch for every model: one index, not M copies of it
+            s = table.index_select(1, where.flatten()).view(m, *tokens.shape)  # [M, B, L]
+        else:
+            s = table.gather(1, where.reshape(m, -1)).view(tokens.shape)
         bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
         return s if bias is None else s + bias.reshape(-1, 1, positions.shape[0]).to(s)
 
