@@ -63,11 +63,16 @@ def test_content_head_reads_per_model_batches_as_it_reads_one_shared_batch():
     take two gathers; model ``m`` must see the same logits either way."""
     model = ContentRetrievalHead(n_models=3, seeds=[0, 1, 2])
     batches = [_tokens(b=4, seq_len=9, seed=s) for s in range(3)]
-    with torch.no_grad():
-        per_model = model(torch.stack(batches))  # ([M, B, V], [M, B, L])
-        for m, tokens in enumerate(batches):
-            shared = model(tokens)
-            assert torch.equal(per_model[0][m], shared[0][m]) and torch.equal(per_model[1][m], shared[1][m])
+    params = list(model.parameters())
+    per_model = model(torch.stack(batches))  # ([M, B, V], [M, B, L])
+    for m, tokens in enumerate(batches):
+        shared = model(tokens)
+        assert torch.equal(per_model[0][m], shared[0][m]) and torch.equal(per_model[1][m], shared[1][m])
+        # and model m's gradients: its slice of each parameter, through either gather
+        g_per = torch.autograd.grad(per_model[0][m].square().sum(), params, retain_graph=True, allow_unused=True)
+        g_shared = torch.autograd.grad(shared[0][m].square().sum(), params, allow_unused=True)
+        for a, b in zip(g_per, g_shared):
+            assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, rtol=0, atol=1e-6))
 
 
 def test_content_head_keys_see_the_token_and_rope_stays_relative():
