@@ -394,12 +394,6 @@ def lawful_flags(reports: dict, keys, step: int, falls=None) -> list[bool]:
     return hits
 
 
-def lawful_share(reports: dict, keys, step: int, falls=None) -> float:
-    """The mean of :func:`lawful_flags`: a float in [0, 1], NaN when no head qualifies."""
-    hits = lawful_flags(reports, keys, step, falls)
-    return float(np.mean(hits)) if hits else float("nan")
-
-
 def lawful_falls(reports: dict, step: int | None = None) -> dict:
     """Every lawful position-only head (law R² >= 0.9) that falls below 0.9, at its first length below 0.9.
 

@@ -383,7 +383,6 @@ def load_claims() -> dict:
 
 NUMBER_LABELS = {
     # chapter 1
-    "rope_min_mean_to_4x": "RoPE, lowest mean accuracy up to 4x",
     "rope_heads_to_4x": "RoPE, heads at ≥ 0.95 up to 4x",
     "rope_first_failing_length_predicted": "RoPE, first failing length up to 16x as predicted before training",
     "ape_heads_near_chance_from_2x": "APE, heads within 0.2 of chance from 2x",
@@ -408,9 +407,7 @@ NUMBER_LABELS = {
     "target_vs_decoy_max_gap": "variable lengths, target vs decoy accuracy, largest gap",
     # chapter 4
     "auc_C_variation_min": "AUC of C (variation) vs the nulls, lowest",
-    "auc_peak_z_min": "AUC of peak z vs the nulls, lowest",
     "auc_top2_range": "AUC of top-2 kept vs the nulls, lowest / highest",
-    "base10_low_rank_share": "base 10, share of trained heads low rank",
     "alias_prediction_agreement": "heads whose alias is predicted from the weights",
     "failure_prediction_agreement": "heads whose first failing length is predicted",
     "failing_by_4096": "share of heads failing by 4096 tokens, by RoPE base",
@@ -419,15 +416,8 @@ NUMBER_LABELS = {
     "committed_candidate_hits_base1e4": "base 10^4, aliasing heads on a distance committed before training",
     "committed_null_p_base1e4": "base 10^4, random lag sets doing as well (p-value)",
     # chapter 5
-    "consistency_max_abs_dp": "consistency, largest |Δp| kernel vs model",
-    "law_slope_max_rel_error": "long-run law, largest relative slope error",
-    "law_heads_resolved": "long-run law, heads resolved",
-    "first_failure_at_predicted_alias": "heads that first fail at the predicted alias",
     "law_r2_ge_0.9_where_n_exp_minus_kappa_ge_20": "heads with R² ≥ 0.9 where n e^-κ ≥ 20",
     "law_r2_ge_0.9_where_n_exp_minus_kappa_le_1": "heads with R² ≥ 0.9 where n e^-κ ≤ 1",
-    "lawful_heads_gradual": "heads the law describes that fall gradually",
-    "lawful_heads": "heads the law describes (R² ≥ 0.9)",
-    "median_p_at_fall_over_p_star": "target mass where accuracy falls, in p* (median)",
     # chapter 5b (the regime map: C4 and C5)
     "alignment_auc_min": "alignment vs untrained heads, lowest AUC over fitted cells",
     "top2_auc_decayed_small_bases": "top-2 share vs untrained (AUC), weight decay 0 < λ ≤ 1, bases 10 and 100",
