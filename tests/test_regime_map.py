@@ -60,7 +60,7 @@ def test_content_head_matches_a_per_sequence_reference():
 
 def test_content_head_reads_per_model_batches_as_it_reads_one_shared_batch():
     """A batch shared by the models (``[B, L]``, one index for all) and one batch per model (``[M, B, L]``)
-    take two gathers; model ``m`` must see the same logits either way."""
+    take two gathers; model ``m`` must see the same logits, attention and gradients either way."""
     model = ContentRetrievalHead(n_models=3, seeds=[0, 1, 2])
     batches = [_tokens(b=4, seq_len=9, seed=s) for s in range(3)]
     params = list(model.parameters())

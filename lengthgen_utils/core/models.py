@@ -320,10 +320,12 @@ class RetrievalHead(SingleHead):
         x = self.u[:, None, :]  # [M, 1, d_model]
         added = encoding.embed(self.pe_params, positions)
         x = x + added if added is not None else x  # [M, P, d_model], or [M, 1, d_model]: the same at every position
-        shape = (-1, positions.shape[0], -1)  # each its own memory: a caller may edit the result in place
-        q = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_q).expand(shape).contiguous(), positions)
-        k = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_k).expand(shape).contiguous(), positions)
-        return q, k  # [M, P, d_head] each
+        shape = (-1, positions.shape[0], -1)
+        q = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_q).expand(shape), positions)
+        k = encoding.rotate(torch.einsum("mpd,mhd->mph", x, self.w_k).expand(shape), positions)
+        # each its own memory (a caller may edit it in place): a copy only where the encoding returned
+        # the expanded input itself (NoPE, ALiBi, T5); a rotation's result already is one
+        return q.contiguous(), k.contiguous()  # [M, P, d_head] each
 
     def scores(self, seq_len: int, position_shift: int = 0, positions: Tensor | None = None) -> Tensor:
         """Attention logits ``s_j`` of the query (position ``L-1``) over keys ``j = 0 .. L-1``: ``[M, L]``.
