@@ -1,7 +1,7 @@
 """Per-chapter execution times of the whole book: ``python -m lengthgen_utils.tools.buildtime``.
 
 Executes every notebook chapter listed in ``_toc.yml``, in the book's order, with nbclient
-(what the book build uses), twice:
+(what the book build uses), one at a time so that each time is the chapter's own, twice:
 
 1. **cold**: from an empty results cache (a fresh temporary folder), as a first build of a fresh
    clone computes everything;
@@ -14,6 +14,9 @@ get ``PYTHONPATH`` (this repository first, so they import this checkout's packag
 temporary folder, so the book's scoreboard records are left alone). Each time is the wall
 time of one notebook's execution, kernel start included. Nothing is written to the
 repository; the temporary folders are removed at the end.
+
+The build itself executes the lanes of ``execute_ahead_lanes`` (``_config.yml``) side by side
+(``_ext/execute_ahead.py``), so its wall time is less than the total printed here.
 
 The load average is printed before and after: on a machine shared with other processes,
 times are longer than the project's budget assumes (2 otherwise idle CPU cores).
@@ -41,11 +44,12 @@ PROG = "python -m lengthgen_utils.tools.buildtime"
 
 def toc_notebooks(root: Path = REPO_ROOT) -> list[Path]:
     """The notebooks of ``_toc.yml`` (``root`` and every ``file`` entry, nested parts and sections included),
-    in the order the book build executes them.
+    in the order the book build reads them.
 
-    That is the order of their paths, not the table of contents: the build reads (and so executes)
-    its pages sorted by name, so the chapters run before the claims scoreboard that reads what they
-    recorded, wherever the table of contents puts it (after chapter 10).
+    That is the order of their paths, not the table of contents: the build reads its pages sorted
+    by name, and executes each page no lane executed ahead (``_ext/execute_ahead.py``) as it reads
+    it, so the chapters run before the claims scoreboard that reads what they recorded, wherever
+    the table of contents puts it (after chapter 10).
 
     Raises:
         FileNotFoundError: no ``_toc.yml`` in ``root``.
@@ -183,7 +187,7 @@ def main(argv=None) -> int:
     environment = patch.dict(os.environ, kernel_environment(work / "cache", work / "claims", profile))
     environment.start()  # every variable as it was, after the run (finally, below)
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks of _toc.yml in the order the build runs them; "
+    print(f"book execution times, profile {profile!r}, {len(notebooks)} notebooks of _toc.yml, one at a time in page order; "
           f"{os.cpu_count()} CPU cores, ${THREADS_ENV}={env_value(THREADS_ENV) or 'unset'}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
           f"load average {load0}", flush=True)
