@@ -1,0 +1,81 @@
+"""``conftest.py``: ``pytest`` runs the chapters in the build's lanes on pytest-xdist's workers.
+
+A small project stands in for the book: its own ``_config.yml`` names two lanes of tiny notebooks,
+a notebook in no lane reads what every lane wrote (as chapter 10 and the scoreboard read every
+chapter's claims), and the book's own ``conftest.py`` orders and groups them. What ``pytest`` needs
+of it: a lane's notebooks run in their order, the lanes and the unit tests share the workers, and a
+page in no lane starts only after every lane page has finished, on whichever worker, a failed one
+included.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFIG = """sphinx:
+  config:
+    execute_ahead_lanes:
+      - [book/a, book/b]
+      - [book/c]
+"""
+PYPROJECT = """[tool.pytest.ini_options]
+testpaths = ["test_unit.py", "book"]
+addopts = "--nbval-lax -p no:cacheprovider --dist loadgroup --no-loadscope-reorder"
+"""
+
+
+def _notebook(path: Path, *sources: str) -> None:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, path)
+
+
+def _log(project: Path, line: str) -> str:
+    """A cell that appends ``line`` to the project's log."""
+    return f"with open({str(project / 'log.txt')!r}, 'a') as f:\n    f.write({line!r} + '\\n')"
+
+
+def _project(tmp_path: Path) -> Path:
+    project = tmp_path / "book-project"
+    (project / "book").mkdir(parents=True)
+    shutil.copy(ROOT / "conftest.py", project)
+    (project / "_config.yml").write_text(CONFIG)
+    (project / "pyproject.toml").write_text(PYPROJECT)
+    (project / "test_unit.py").write_text("def test_unit():\n    assert True\n")
+    _notebook(project / "book" / "a.ipynb", _log(project, "a"))
+    _notebook(project / "book" / "b.ipynb", "raise ValueError('b failed')",
+              _log(project, "b"))
+    # the slow lane: without the wait, the page in no lane would start long before it ends
+    _notebook(project / "book" / "c.ipynb", "import time\ntime.sleep(4)", _log(project, "c"))
+    read = (f"lines = open({str(project / 'log.txt')!r}).read().split()\n"
+            "assert {'a', 'b', 'c'} <= set(lines), lines")
+    # named to come first, as the scoreboard would if the order of names decided
+    _notebook(project / "book" / "0_reads_all.ipynb", read, _log(project, "z"))
+    return project
+
+
+def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("LENGTHGEN_RUN_ID", "PYTEST_XDIST_WORKER")}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_the_page_in_no_lane_runs_after_every_lane_page_a_failed_one_too(tmp_path, workers):
+    project = _project(tmp_path)
+    marks_before = set(Path(tempfile.gettempdir()).glob("lengthgen-lanes-*"))
+    result = _pytest(project, "-n", workers)
+    # b's first cell fails, and nothing else: its second cell runs, and z finds every lane's line
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "1 failed" in result.stdout and "b failed" in result.stdout, result.stdout[-3000:]
+    lines = (project / "log.txt").read_text().split()
+    assert sorted(lines) == ["a", "b", "c", "z"] and lines[-1] == "z", lines
+    assert lines.index("a") < lines.index("b"), lines  # a lane keeps its order
+    assert set(Path(tempfile.gettempdir()).glob("lengthgen-lanes-*")) <= marks_before  # the marks are removed
