@@ -537,6 +537,15 @@ def press_slider(page, panel: int, name: str, key: str, timeout_ms: int = 120_00
     return out
 
 
+def settle(page, panel: int, text: str, timeout_ms: int = 120_000) -> None:
+    """Wait until live panel ``panel`` has acted on sliders set by script (their update is debounced): its
+    status names ``text`` and it is not training."""
+    page.wait_for_function("([p, text]) => { const r = document.querySelectorAll('.lg-live')[p];"
+                           " return r.dataset.state !== 'training'"
+                           " && r.querySelector('.lg-live-status').textContent.includes(text); }",
+                           arg=[panel, text], timeout=timeout_ms, polling=100)
+
+
 def figure_is_finite(page, index: int) -> bool:
     return page.evaluate("(i) => document.querySelectorAll('.js-plotly-plot')[i]._fullData.every((t) =>"
                          " Array.from(t.y || []).every((v) => v === null || Number.isFinite(Number(v))))", index)
@@ -590,6 +599,7 @@ def test_a_live_setting_with_no_task_is_explained_not_drawn(browser):
             const set = (name, i) => { const s = r.querySelector(`input[data-name='${name}']`); s.value = String(i);
                 s.dispatchEvent(new Event('input', {bubbles: true})); };
             set('train_len', 0); set('offset', 13); }""")  # training length 8, offset 14
+        settle(page, 0, "k = 14")  # the sliders' own update first, so the key's is the one read below
         out = press_slider(page, 0, "offset", "ArrowRight")  # offset 15
         assert out["state"] == "invalid" and not out["retrained"], out
         assert "No task for this setting" in out["status"] and "k = 15" in out["status"], out["status"]
@@ -597,6 +607,7 @@ def test_a_live_setting_with_no_task_is_explained_not_drawn(browser):
         assert figure_is_finite(page, index)
         page.evaluate("""() => { const s = document.querySelectorAll('.lg-live')[0].querySelector("input[data-name='offset']");
             s.value = '3'; s.dispatchEvent(new Event('input', {bubbles: true})); }""")  # offset 4
+        settle(page, 0, "k = 4")
         out = press_slider(page, 0, "offset", "ArrowLeft")  # offset 3 at training length 8: a task
         assert out["state"] == "done" and out["retrained"], out
         assert "k = 3, training length 8" in out["status"] and figure_is_finite(page, index)
