@@ -467,7 +467,7 @@ def http_book():
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
-    if LIVE_TIMES:  # printed (with -s), and kept beside the screenshots: a worker of -n 2 prints nothing
+    if LIVE_TIMES:  # printed (with -s), and kept beside the screenshots: an xdist worker prints nothing
         text = "live panel retrain times (headless Chromium):\n  " + "\n  ".join(LIVE_TIMES)
         print("\n" + text)
         with open(SCREENSHOTS.parent / "live-retrain-times.txt", "a") as f:
