@@ -84,12 +84,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("after the lanes"))
     for lane in lanes:
         lane.sort(key=lambda item: LANES[LANE_OF[page_name(item)]].index(page_name(item)))  # stable
-    lane_items = [item for lane in lanes for item in lane]
-    last = {page_name(item): item for item in lane_items}
+    items[:] = [item for lane in lanes for item in lane] + tests + after
+
+
+def pytest_collection_finish(session):
+    """Note the lane pages the session runs, and each one's last cell, once ``-k`` and the like have
+    deselected what they deselect: a page in no lane waits for these alone."""
+    last = {page_name(item): item for item in session.items if item.stash.get(LANE_CELL, False)}
     for page, item in last.items():
         item.stash[LAST_CELL] = page
-    config.stash[LANE_PAGES] = list(last)
-    items[:] = lane_items + tests + after
+    session.config.stash[LANE_PAGES] = list(last)
 
 
 @pytest.hookimpl(wrapper=True)

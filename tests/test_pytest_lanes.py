@@ -79,3 +79,14 @@ def test_the_page_in_no_lane_runs_after_every_lane_page_a_failed_one_too(tmp_pat
     assert sorted(lines) == ["a", "b", "c", "z"] and lines[-1] == "z", lines
     assert lines.index("a") < lines.index("b"), lines  # a lane keeps its order
     assert set(Path(tempfile.gettempdir()).glob("lengthgen-lanes-*")) <= marks_before  # the marks are removed
+
+
+def test_the_page_in_no_lane_waits_only_for_the_lane_pages_the_session_runs(tmp_path):
+    project = _project(tmp_path)
+    (project / "book" / "0_reads_all.ipynb").unlink()  # a page in no lane that needs no lane
+    _notebook(project / "book" / "0_reads_all.ipynb", _log(project, "z"))
+    result = _pytest(project, "-n", "2", "--nbval-cell-timeout=5",
+                     "--deselect", "book/c.ipynb::Cell 0", "--deselect", "book/c.ipynb::Cell 1")
+    # c is deselected: waiting for it would fail the page in no lane after 5 + 60 s, not pass at once
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout[-3000:]
+    assert sorted((project / "log.txt").read_text().split()) == ["a", "b", "z"]
