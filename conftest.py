@@ -19,8 +19,10 @@ in ``pyproject.toml``), and the chapters in the lanes the book build uses (``exe
 in ``_config.yml``): each lane is one xdist group, so its chapters run in order on one worker, in
 one kernel each, as nbval runs them. The lanes are handed out first, the unit tests fill the cores
 around them, and the pages that read every chapter's claims (chapter 10, the scoreboard) come last
-and wait until every lane's chapters have finished (:func:`pytest_runtest_setup`). Run without
-xdist (``-n 0``), the same order runs in one process.
+and wait until every lane's chapters the session runs have finished (:func:`pytest_runtest_setup`):
+marks in a folder the main process makes for the session (``$LENGTHGEN_PYTEST_LANES``). They stop
+waiting, and fail, when a worker stopped early (``-x``, ``--maxfail``) or no lane cell finished
+within nbval's timeouts. Run without xdist (``-n 0``), the same order runs in one process.
 """
 import os
 import shutil
@@ -43,12 +45,16 @@ LANES = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]["
 LANE_OF = {page: i for i, lane in enumerate(LANES) for page in lane}
 STALL_MARGIN_S = 60
 """Chapter 10 and the scoreboard wait for the lanes' chapters as long as one of their cells finishes within
-nbval's cell timeout (``--nbval-cell-timeout``) plus this margin (seconds); past that, they fail."""
+nbval's kernel start-up and cell timeouts (``--nbval-kernel-startup-timeout``, ``--nbval-cell-timeout``)
+plus this margin (seconds); past that, they fail."""
+LANES_ENV = "LENGTHGEN_PYTEST_LANES"
+"""The session's folder of lane marks: made by the main process, inherited by xdist's workers."""
 
 LANE_PAGES = pytest.StashKey[list]()  # the lane pages this session collected
 LANE_CELL = pytest.StashKey[bool]()  # on every cell of a lane page
 LAST_CELL = pytest.StashKey[str]()  # on a lane page's last cell: the page's name
 READS_CLAIMS = pytest.StashKey[bool]()  # on a cell of a page in no lane
+WAIT_FAILED = pytest.StashKey[str]()  # a failed wait, so the next page in no lane fails at once
 
 
 def page_name(item) -> str | None:
@@ -60,8 +66,14 @@ def page_name(item) -> str | None:
 
 
 def lanes_done_dir() -> Path:
-    """The folder where each lane page's end is marked, one per test session (its run id)."""
-    return Path(tempfile.gettempdir()) / f"lengthgen-lanes-{os.environ[RUN_ENV]}"
+    """The folder where each lane page's end is marked, a new one per test session."""
+    return Path(os.environ[LANES_ENV])
+
+
+def pytest_configure(config):
+    """The main process makes the session's folder of lane marks (before xdist starts its workers)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ[LANES_ENV] = tempfile.mkdtemp(prefix="lengthgen-lanes-")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -105,7 +117,6 @@ def pytest_runtest_teardown(item, nextitem):
     finally:
         if item.stash.get(LANE_CELL, False):
             done = lanes_done_dir()
-            done.mkdir(exist_ok=True)
             (done / "progress").touch()
             page = item.stash.get(LAST_CELL, None)
             if page is not None:
@@ -117,22 +128,35 @@ def pytest_runtest_setup(item):
     """A page in no lane runs only once every lane page of the session has finished (on any worker)."""
     if not item.stash.get(READS_CLAIMS, False) or not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # in one process the order alone is enough
-    pages = item.config.stash.get(LANE_PAGES, [])
-    stall_s = float(item.config.getoption("nbval_cell_timeout", 2000)) + STALL_MARGIN_S
+    config = item.config
+    if WAIT_FAILED in config.stash:
+        pytest.fail(config.stash[WAIT_FAILED])
+    pages = config.stash.get(LANE_PAGES, [])
+    stall_s = (float(config.getoption("nbval_cell_timeout", 2000))
+               + float(config.getoption("nbval_kernel_startup_timeout", 60)) + STALL_MARGIN_S)
     done, last_progress = lanes_done_dir(), time.time()
     while True:
         waiting = [p for p in pages if not (done / p.replace("/", "__")).is_file()]
         if not waiting:
             return
-        if (done / "progress").is_file():
+        if (done / "stopped").is_file():  # a worker stopped early (-x, --maxfail): its lane will not finish
+            config.stash[WAIT_FAILED] = (f"{page_name(item)} reads every chapter's claims, but a worker stopped "
+                                         f"before these chapters finished: {', '.join(waiting)}")
+        elif (done / "progress").is_file():
             last_progress = max(last_progress, (done / "progress").stat().st_mtime)
         if time.time() - last_progress > stall_s:
-            pytest.fail(f"{page_name(item)} reads every chapter's claims, but no cell of these chapters "
-                        f"finished in {stall_s:.0f} s: {', '.join(waiting)}")
+            config.stash[WAIT_FAILED] = (f"{page_name(item)} reads every chapter's claims, but no cell of these "
+                                         f"chapters finished in {stall_s:.0f} s: {', '.join(waiting)}")
+        if WAIT_FAILED in config.stash:
+            pytest.fail(config.stash[WAIT_FAILED])
         time.sleep(1)
 
 
 def pytest_sessionfinish(session):
-    """The main process removes the lanes' marks (a worker's session ends before the others')."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    """A worker stopped early (``-x``, ``--maxfail``) says so, for the pages waiting for its lane; the main
+    process removes the marks (a worker's session ends before the others')."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        if session.shouldfail or session.shouldstop:
+            (lanes_done_dir() / "stopped").touch()
+    else:
         shutil.rmtree(lanes_done_dir(), ignore_errors=True)
