@@ -80,23 +80,20 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Order the session: the lanes' chapters, lane by lane, then the unit tests, then the pages in no
     lane (they read every chapter's claims); each lane, and those pages, one xdist group."""
-    lanes = [[] for _ in LANES]
-    tests, after = [], []
+    cells, tests, after = {}, [], []  # cells: a lane page's cells by page
     for item in items:
         page = page_name(item)
         if page is None:
             tests.append(item)
         elif page in LANE_OF:
-            lanes[LANE_OF[page]].append(item)
+            cells.setdefault(page, []).append(item)
             item.stash[LANE_CELL] = True
             item.add_marker(pytest.mark.xdist_group(f"lane{LANE_OF[page]}"))
         else:
             after.append(item)
             item.stash[READS_CLAIMS] = True
             item.add_marker(pytest.mark.xdist_group("after the lanes"))
-    for lane in lanes:
-        lane.sort(key=lambda item: LANES[LANE_OF[page_name(item)]].index(page_name(item)))  # stable
-    items[:] = [item for lane in lanes for item in lane] + tests + after
+    items[:] = [item for lane in LANES for page in lane for item in cells.get(page, [])] + tests + after
 
 
 def pytest_collection_finish(session):
