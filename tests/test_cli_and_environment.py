@@ -55,7 +55,7 @@ def _one_line_exit_2(out, *words):
 # ---------------------------------------------------------------- one command line, one way to fail
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("variable, value", [("LENGTHGEN_PROFILE", "fast"), ("LENGTHGEN_SEED", "-1"),
-                                             ("LENGTHGEN_SEED", "2000000000000")])
+                                             ("LENGTHGEN_SEED", "2000000000000"), ("LENGTHGEN_MALLOC", "fast")])
 def test_every_command_refuses_a_bad_variable_in_one_line(command, variable, value):
     """Before: ``run`` gave one line, ``robustness`` and ``buildtime`` a traceback and exit 1."""
     _one_line_exit_2(_command(COMMANDS[command], {variable: value}), variable)
@@ -104,6 +104,8 @@ def test_the_profile_variable_follows_the_convention_of_every_other(monkeypatch,
     ("LENGTHGEN_SEED", "", lambda: seeding.seed_base(), 0),
     ("LENGTHGEN_THREADS", " 2 ", lambda: training.default_cpu_threads("single-head"), 2),
     ("LENGTHGEN_THREADS", "  ", lambda: training.default_cpu_threads("single-head"), 1),
+    ("LENGTHGEN_MALLOC", " system ", lambda: training.malloc_choice(), "system"),
+    ("LENGTHGEN_MALLOC", "  ", lambda: training.malloc_choice(), "keep"),
     ("LENGTHGEN_RUN_ID", "  ", lambda: scoreboard.run_id(), "interactive"),
     ("LENGTHGEN_RUN_ID", " build-1 ", lambda: scoreboard.run_id(), "build-1"),
     ("LENGTHGEN_CACHE", "  ", lambda: cache.cache_dir(), cache.REPO_ROOT / ".cache" / "lengthgen"),

@@ -14,6 +14,10 @@ Prints, from one run on one machine:
    per-sequence attention, ``torch.optim.AdamW``, as a tutorial writes it), side by side in alternating
    rounds; and 120 heads whose weight decay differs by model (six values, the regime map's cells, through
    :class:`~lengthgen_utils.run.optim.PerModelOptimizer`);
+1c. 120 heads (or the largest of ``--head-sizes``) with glibc's malloc as the system sets it and as the package sets it
+   (:func:`~lengthgen_utils.run.training.keep_freed_memory`), each timing in a fresh process
+   (``$LENGTHGEN_MALLOC=system`` or ``keep``: the setting is the whole process's), in alternating rounds,
+   with the page faults of the timed steps;
 2. the same at 32 models with two intra-op threads instead of one, to show
    what thread synchronisation costs on a small, shared CPU;
 3. wall time and peak memory (peak resident set of a fresh process; on CUDA,
@@ -235,6 +239,34 @@ def print_ensemble_sizes(result: dict, steps: int, reps: int, seq_models: int) -
         r20, r1 = result["batched"][120] / result["batched"][20], result["batched"][120] / one
         print(f"   aims at 120 heads: >= 3x the 20-head ensembles: {'met' if r20 >= 3 else 'NOT met'} ({r20:.1f}x); "
               f">= 30x one head at a time: {'met' if r1 >= 30 else 'NOT met'} ({r1:.1f}x)")
+
+
+def _allocator_child(n_models: int, steps: int) -> None:
+    """Time ``n_models`` heads for ``steps`` steps in this (fresh) process and print the rate and the page faults
+    of the timed steps as JSON (the parent sets ``$LENGTHGEN_MALLOC``)."""
+    import resource
+
+    batched_rate(n_models, 5, torch.device("cpu"), 1)  # warm-up: imports, first allocations, the malloc setting
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    rate = batched_rate(n_models, steps, torch.device("cpu"), 1)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    print("ALLOC-JSON " + json.dumps({"rate": rate, "faults_per_step": faults / steps}))
+
+
+def allocator_comparison(n_models: int, steps: int, reps: int) -> dict:
+    """Section 1c: ``{"system": (rate, faults per step), "keep": (...)}``, medians of ``reps`` alternating rounds,
+    each timing a fresh process with ``$LENGTHGEN_MALLOC`` set (:func:`_allocator_child`)."""
+    rounds: dict = {"system": [], "keep": []}
+    for _ in range(reps):
+        for choice, values in rounds.items():
+            env = {**os.environ, "LENGTHGEN_MALLOC": choice}
+            cmd = [sys.executable, "-m", "lengthgen_utils.tools.bench", "--allocator-child", str(n_models),
+                   "--steps", str(steps)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+            line = next(l for l in done.stdout.splitlines() if l.startswith("ALLOC-JSON "))
+            values.append(json.loads(line[len("ALLOC-JSON "):]))
+    return {choice: (statistics.median(v["rate"] for v in values),
+                     statistics.median(v["faults_per_step"] for v in values)) for choice, values in rounds.items()}
 
 
 def flops_per_model_step(train_len: int = 16, n_models: int = 32) -> float:
@@ -629,7 +661,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tf-steps", type=int, default=8, help="training steps per transformer timing")
     parser.add_argument("--tf-reps", type=int, default=3, help="alternating rounds per transformer size (median)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd plain loop")
+    parser.add_argument("--no-allocator", action="store_true", help="skip the malloc comparison (1c)")
     parser.add_argument("--sweep-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--allocator-child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:  # checked before any work: a bad device is one line, not a traceback
         device = check_device(args.device, "--device")
@@ -641,6 +675,9 @@ def main(argv=None) -> int:
         return 2
     if args.sweep_child:
         _sweep_child(args.sweep_child, str(device))
+        return 0
+    if args.allocator_child:
+        _allocator_child(args.allocator_child, args.steps)
         return 0
     threads = 1 if device.type == "cpu" else None
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -669,6 +706,15 @@ def main(argv=None) -> int:
     if args.head_sizes:
         result = ensemble_sizes(args.head_sizes, args.steps, args.head_reps, args.seq_models, device, threads)
         print_ensemble_sizes(result, args.steps, args.head_reps, args.seq_models)
+
+    if device.type == "cpu" and args.head_sizes and not args.no_allocator:
+        at = 120 if 120 in args.head_sizes else max(args.head_sizes)
+        alloc = allocator_comparison(at, args.steps, args.head_reps)
+        (sys_rate, sys_faults), (keep_rate, keep_faults) = alloc["system"], alloc["keep"]
+        print(f"\n1c. {at} heads, malloc as the system sets it and as the package sets it (run.training.keep_freed_memory; "
+              f"a fresh process per timing, median of {args.head_reps} alternating rounds): {sys_rate:.0f} and "
+              f"{keep_rate:.0f} model-steps/s, {keep_rate / sys_rate:.2f}x; page faults per step {sys_faults:.0f} "
+              f"and {keep_faults:.0f}")
 
     if device.type == "cpu" and (os.cpu_count() or 1) >= 2 and not args.no_thread_comparison:
         steps2 = max(5, args.steps // 4)

@@ -37,7 +37,7 @@ from ..book.scoreboard import CLAIMS_ENV, RUN_ENV, new_run_id
 from ..run.cache import CACHE_ENV, REPO_ROOT
 from ..run.profiles import PROFILE_ENV, PROFILES, get_profile
 from .._validate import check_int, env_value
-from ..run.training import THREADS_ENV, default_cpu_threads
+from ..run.training import THREADS_ENV, default_cpu_threads, malloc_choice
 
 PROG = "python -m lengthgen_utils.tools.buildtime"
 
@@ -175,7 +175,8 @@ def main(argv=None) -> int:
     try:  # every input checked before any work: a bad one is one line on stderr and exit status 2
         profile = get_profile(args.profile).name  # a bad $LENGTHGEN_PROFILE or $LENGTHGEN_SEED is refused here
         check_int("--timeout", args.timeout, minimum=1)
-        default_cpu_threads()  # a bad $LENGTHGEN_THREADS, which every kernel would otherwise meet
+        default_cpu_threads()  # a bad $LENGTHGEN_THREADS or $LENGTHGEN_MALLOC, which every kernel would otherwise meet
+        malloc_choice()
         notebooks = toc_notebooks()
         if args.chapters:
             notebooks = [p for p in notebooks if any(c in str(p) for c in args.chapters)]

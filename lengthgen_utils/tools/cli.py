@@ -20,7 +20,7 @@ from ..run import cache as _cache
 from ..run.profiles import PROFILES, get_profile
 from ..run.results import Runs
 from ..run.runners import SUITE_ENCODINGS, SUITES
-from ..run.training import CPU_THREADS, default_cpu_threads
+from ..run.training import CPU_THREADS, default_cpu_threads, malloc_choice
 
 PROG = "python -m lengthgen_utils"
 
@@ -59,11 +59,12 @@ def _settings(args):
 
     Raises:
         ValueError / TypeError: a device this machine cannot compute on, an unknown ``$LENGTHGEN_PROFILE``,
-            a bad ``$LENGTHGEN_THREADS`` or ``$LENGTHGEN_CACHE`` (each message names it).
+            a bad ``$LENGTHGEN_THREADS``, ``$LENGTHGEN_MALLOC`` or ``$LENGTHGEN_CACHE`` (each message names it).
     """
     profile = get_profile(args.profile)
     device = check_device(args.device, "--device")
     threads = ", ".join(f"{path} {default_cpu_threads(path)}" for path in CPU_THREADS) if device.type == "cpu" else None
+    malloc_choice()
     folder = None if args.no_cache else _cache.cache_dir()
     return profile, device, threads, folder
 

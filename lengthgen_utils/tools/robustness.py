@@ -247,7 +247,10 @@ def _settings(args):
     from ..core.seeding import MAX_SEED_BASE
     from .._validate import check_int, check_output_file
 
+    from ..run.training import malloc_choice
+
     profile = get_profile(args.profile).name  # a bad $LENGTHGEN_PROFILE or $LENGTHGEN_SEED is refused here
+    malloc_choice()  # and a bad $LENGTHGEN_MALLOC, which every condition's kernels would meet
     check_int("--timeout", args.timeout, minimum=1)
     for base in args.seed_bases:
         check_int("--seed-bases", base, minimum=1, maximum=MAX_SEED_BASE)  # 0 is the machine condition
