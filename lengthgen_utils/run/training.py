@@ -141,12 +141,12 @@ def keep_freed_memory() -> bool:
     A CPU training step frees and allocates again tensors of a few MiB (an ensemble's batch of logits,
     its gradient: ``[120, 256, 17]`` floats are 2 MiB). glibc serves such a block with ``mmap``, or from
     the top of its heap, which it gives back to the system after a free; so every step asks the kernel
-    for the same memory again and pays a page fault, and a zeroed page, at each first touch (about
-    240,000 faults in 300 steps of 120 heads). With ``M_MMAP_THRESHOLD`` at 16 MiB and
-    ``M_TRIM_THRESHOLD`` at 32 MiB (:data:`MALLOC_THRESHOLDS`) the heap keeps up to 32 MiB free for reuse:
-    such a run faults about 74,000 times, nearly all of them at start-up, and trains its heads faster
-    (``python -m lengthgen_utils.tools.bench`` measures it). Only where the memory comes from changes,
-    never a number computed in it.
+    for the same memory again and pays a page fault, and a zeroed page, at each first touch (500 to 1000
+    faults per step of 120 heads). With ``M_MMAP_THRESHOLD`` at 16 MiB and ``M_TRIM_THRESHOLD`` at 32 MiB
+    (:data:`MALLOC_THRESHOLDS`) the heap keeps up to 32 MiB free for reuse: such a step faults 5 to 30 times,
+    and 120 heads train about 1.2x faster (``python -m lengthgen_utils.tools.bench``, section 1c, times both
+    settings side by side). Only where the memory comes from changes, never a number computed in it
+    (``tests/test_performance.py``).
 
     :func:`model_threads` calls it before the package computes on the CPU. It is a setting of the whole
     process; nothing here changes it back.
