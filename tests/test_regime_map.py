@@ -159,6 +159,22 @@ def test_vote_of_a_one_hot_readout_is_its_accuracy_and_the_mass_is_the_row():
     assert torch.allclose(got, target_attention_mass(rope, [1, 2, 3], lengths), atol=1e-6)
 
 
+@pytest.mark.parametrize("cls", [RetrievalHead, ContentRetrievalHead])
+def test_query_attention_is_the_forward_passs_attention_bit_for_bit(cls):
+    """A test of the code: the vote reads a single head's attention through ``query_attention`` (its forward
+    pass without the readout); it must be exactly what the forward pass returns, and the logits of the
+    forward pass are still the readout of that attention."""
+    from lengthgen_utils.core.models import readout
+    from lengthgen_utils.core.seeding import generator
+
+    head = cls(n_models=3, seeds=[0, 1, 2], pe="ape", max_len=40) if cls is RetrievalHead else cls(n_models=3)
+    tokens, _ = FixedOffsetRetrieval(16, 3).sample(32, 12, generator(5))
+    for kwargs in ({}, {"logit_scale": 1.7}, {"position_shift": 3}):
+        logits, attn = head(tokens, **kwargs)
+        assert torch.equal(head.query_attention(tokens, **kwargs), attn)
+        assert torch.equal(logits, readout(attn, tokens, head.value_table()))
+
+
 def test_vote_refuses_bad_arguments():
     head = RetrievalHead()
     task = FixedOffsetRetrieval(16, 3)

@@ -378,6 +378,20 @@ class RetrievalHead(SingleHead):
         return elu_linear_weights(q, k, lambda f: self.encoding.rotate(f, positions[-1:]),
                                   lambda f: self.encoding.rotate(f, positions))[:, 0]
 
+    def query_attention(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
+                        positions: Tensor | None = None) -> Tensor:
+        """The query's attention ``[M, B, L]`` for ``tokens [B, L]`` or ``[M, B, L]``: :meth:`forward` without
+        its readout (the row of :meth:`attention_row`, the same for every sequence, expanded over the batch).
+
+        Arguments and errors as :meth:`forward`.
+        """
+        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
+        attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
+        if not getattr(self, "_diverged_allowed", False) and not bool(torch.isfinite(attn).all()):
+            raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not "
+                             "finite (a NaN or inf score bias or weight): refusing to read it out")
+        return attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
+
     def forward(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
                 positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` for ``tokens [B, L]`` or ``[M, B, L]``.
@@ -389,13 +403,8 @@ class RetrievalHead(SingleHead):
                 :func:`diverged_models_allowed` (training, evaluation), where such a model gives NaN logits; bad
                 ``tokens``.
         """
-        _check_tokens(tokens, self.config.vocab_size + 1, self.n_models)
-        attn = self.attention_row(tokens.shape[-1], position_shift, logit_scale, positions)  # [M, L]
-        if not getattr(self, "_diverged_allowed", False) and not bool(torch.isfinite(attn).all()):
-            raise ValueError(f"the attention row of {self.encoding!r} at length {tokens.shape[-1]} is not "
-                             "finite (a NaN or inf score bias or weight): refusing to read it out")
-        logits = readout(attn, tokens, self.value_table())
-        return logits, attn[:, None, :].expand(self.n_models, tokens.shape[-2], -1)
+        attn = self.query_attention(tokens, position_shift, logit_scale, positions)  # [M, B, L]: one row, expanded
+        return readout(attn[:, 0], tokens, self.value_table()), attn
 
     def with_attention(self, attention: str) -> "RetrievalHead":
         """A copy with the same weights whose attention row uses another normaliser (chapter 6's test-time swap).
@@ -499,9 +508,9 @@ class ContentRetrievalHead(SingleHead):
         bias = self.encoding.score_bias(self.pe_params, positions[-1:], positions, 1)
         return s if bias is None else s + bias.reshape(-1, 1, positions.shape[0]).to(s)
 
-    def forward(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
-                positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` (one row per sequence).
+    def query_attention(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
+                        positions: Tensor | None = None) -> Tensor:
+        """The query's attention ``[M, B, L]`` (one row per sequence): :meth:`forward` without its readout.
 
         Arguments, a diverged model and errors as :meth:`RetrievalHead.forward`.
         """
@@ -513,6 +522,15 @@ class ContentRetrievalHead(SingleHead):
         attn = _softmax_rows(s if logit_scale == 1.0 else logit_scale * s)  # [M, B, L]
         if not getattr(self, "_diverged_allowed", False) and not bool(torch.isfinite(attn).all()):
             raise ValueError(f"the attention of {self.encoding!r} at length {tokens.shape[-1]} is not finite")
+        return attn
+
+    def forward(self, tokens: Tensor, position_shift: int = 0, logit_scale: float = 1.0,
+                positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Logits ``[M, B, V]`` and the query's attention ``[M, B, L]`` (one row per sequence).
+
+        Arguments, a diverged model and errors as :meth:`RetrievalHead.forward`.
+        """
+        attn = self.query_attention(tokens, position_shift, logit_scale, positions)  # [M, B, L]
         return readout(attn, tokens, self.value_table()), attn
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .._validate import check_int, check_int_sequence, check_nonempty, check_positive_float, per_model_ints
-from ..core.models import diverged_models_allowed
+from ..core.models import SingleHead, diverged_models_allowed
 from ..core.tasks import IGNORE_INDEX, as_task_list, query_targets, shared_task
 from ..core.seeding import generator
 from .training import ensemble_squared_error, model_threads
@@ -260,7 +260,8 @@ def attention_vote(model, task, lengths, n_samples: int = 512, seed: int = 4321,
     * the vote: class ``c`` collects ``sum_{j: x_j = c} a_j``; the vote is right when the target's token
       collects the most (ties to the lower class id, as ``argmax`` breaks them).
 
-    The value table is not used: the vote is the readout with one-hot values.
+    The value table is not used: the vote is the readout with one-hot values (a single head's
+    ``query_attention`` is its forward pass without the readout).
 
     Args:
         model: a single-query head ensemble of M heads (:class:`~lengthgen_utils.core.models.RetrievalHead`,
@@ -298,8 +299,10 @@ def attention_vote(model, task, lengths, n_samples: int = 512, seed: int = 4321,
         for col, seq_len in enumerate(lengths):
             for start in range(0, n_samples, batch_size):
                 tokens, _ = tasks[0].sample(min(batch_size, n_samples - start), seq_len, gen, model.device)
-                _, attn = model(tokens)  # [M, B, L]; tokens drawn from the task
                 b = tokens.shape[0]
+                # [M, B, L]; tokens drawn from the task. A single head's forward less its readout, which the vote
+                # replaces
+                attn = model.query_attention(tokens) if isinstance(model, SingleHead) else model(tokens)[1]
                 target_pos = (seq_len - 1 - offsets)[:, None, None].expand(m, b, 1)
                 mass[:, col] += attn.gather(2, target_pos)[..., 0].double().sum(1).cpu()
                 votes = torch.zeros(m, b, n_classes + 1, dtype=attn.dtype, device=attn.device)
